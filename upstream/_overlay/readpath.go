@@ -1,0 +1,148 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"io"
+	"reflect"
+	"time"
+)
+
+// The read-path seam.
+//
+// Upstream amqp091-go gives every connection generation one reader goroutine
+// (Connection.reader) and one heartbeater goroutine, and makes RPC callers
+// wait on unbuffered chans that the reader feeds. A read path replaces that
+// arrangement for one Connection. The seam is the small set of hooks that the
+// patch upstream/patches/0001-read-path-seam.patch adds to connection.go and
+// channel.go; each hook is a nil check, so a Connection without a read path
+// runs upstream's statements unchanged:
+//
+//  1. Open and Reconnect call startReader where upstream runs `go c.reader`.
+//  2. openTune calls startHeartbeater where upstream runs `go c.heartbeater`.
+//  3. Connection.call and Channel.call hand the wait for a reply to
+//     connCall and chanCall, after the request has been sent.
+//  4. newChannel and Channel.resetState size each channel's rpc chan with
+//     rpcCap, so a read path can hand replies over without blocking.
+//  5. beginClose calls closing once a close has been initiated, before it
+//     waits for an in-flight Reconnect.
+//  6. shutdown calls the read path's shutdown first, before it takes any lock.
+
+// ReadPath selects who reads a Connection's socket and dispatches its frames.
+//
+// The zero value, nil, keeps upstream's reader goroutine and heartbeater: a
+// Connection dialled without a ReadPath behaves exactly as upstream
+// amqp091-go. Non-nil values come from this package's read-mode
+// constructors. The interface is sealed (it has an unexported method) so
+// that every read path is one that was written against the seam's contract.
+type ReadPath interface {
+	// Mode names the read path, as Connection.ReadMode reports it.
+	Mode() string
+
+	// attach binds the read path to one Connection for the Connection's
+	// whole life, across every Reconnect generation.
+	attach(c *Connection) readPath
+}
+
+// readPath is one Connection's read path, called from the seam's hooks.
+type readPath interface {
+	// mode is ReadPath.Mode of the ReadPath this was attached from.
+	mode() string
+
+	// start takes over reading conn, the socket of a new connection
+	// generation, in place of `go c.reader(conn)`. It is called without
+	// locks held, before the AMQP handshake of that generation is sent.
+	start(conn io.ReadWriteCloser)
+
+	// heartbeater is called in place of `go c.heartbeater(interval, done)`
+	// once per generation. Returning false runs upstream's heartbeater.
+	heartbeater(interval time.Duration, done chan struct{}) bool
+
+	// rpcCap is the capacity of each channel's rpc chan (upstream: 0).
+	rpcCap() int
+
+	// connCall waits for the reply to a channel-0 request that the caller
+	// has already sent, matching it into one of res as upstream does.
+	// errors and rpc are the generation's chans, read under c.m.
+	connCall(errors chan *Error, rpc chan message, res []message) error
+
+	// chanCall is connCall for a synchronous request on channel ch.
+	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
+
+	// closing runs once Close, CloseDeadline or closeWith has initiated the
+	// close, and before it waits for an in-flight Reconnect or sends
+	// connection.close.
+	closing()
+
+	// shutdown runs first in every call of Connection.shutdown, with the
+	// same error (nil for an intentional close), before any lock is taken.
+	shutdown(err *Error)
+}
+
+// defaultReadPath serves connections whose Config.ReadPath is nil. It is nil
+// in every production build; only a test-only file may set it, to force a
+// read mode on upstream's own test suite.
+var defaultReadPath ReadPath
+
+// ReadMode reports which read path serves this connection: "upstream" for
+// upstream's reader goroutine, the default, or else the Mode of the
+// Config.ReadPath the connection was opened with.
+func (c *Connection) ReadMode() string {
+	if c.rp == nil {
+		return "upstream"
+	}
+	return c.rp.mode()
+}
+
+// startReader starts reading a new connection generation: the read path's
+// own reader when there is one, upstream's reader goroutine otherwise.
+func (c *Connection) startReader(conn io.ReadWriteCloser) {
+	if c.rp == nil {
+		rp := c.Config.ReadPath
+		if rp == nil {
+			rp = defaultReadPath
+		}
+		if rp != nil {
+			// Open calls this before c escapes to another goroutine, and
+			// Reconnect finds c.rp already set, so no lock is needed.
+			c.rp = rp.attach(c)
+		}
+	}
+	if c.rp == nil {
+		go c.reader(conn)
+		return
+	}
+	c.rp.start(conn)
+}
+
+// startHeartbeater starts heartbeats for a new connection generation, unless
+// the read path sends them itself.
+func (c *Connection) startHeartbeater(interval time.Duration, done chan struct{}) {
+	if c.rp != nil && c.rp.heartbeater(interval, done) {
+		return
+	}
+	go c.heartbeater(interval, done)
+}
+
+// rpcCap is the capacity of a channel's rpc chan: 0, as upstream, unless the
+// read path asks for a buffer. Tests build channels on a nil or bare
+// Connection, so it must not assume either.
+func (c *Connection) rpcCap() int {
+	if c == nil || c.rp == nil {
+		return 0
+	}
+	return c.rp.rpcCap()
+}
+
+// matchReply copies msg into the first of res with the same concrete type, as
+// upstream's call does, for read paths that wait for replies themselves.
+func matchReply(msg message, res []message) error {
+	for _, try := range res {
+		if reflect.TypeOf(msg) == reflect.TypeOf(try) {
+			reflect.ValueOf(try).Elem().Set(reflect.ValueOf(msg).Elem())
+			return nil
+		}
+	}
+	return ErrCommandInvalid
+}

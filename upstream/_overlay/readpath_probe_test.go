@@ -1,0 +1,86 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"io"
+	"sync/atomic"
+	"time"
+)
+
+// seamProbe is a test-only read path that keeps upstream's semantics while
+// routing through every hook of the seam, and counts the hooks it sees.
+// Forcing it on upstream's whole suite (AMQP091_DRAINER_TEST_READ_MODE=
+// seam-probe) shows that the seam reaches every place a connection starts
+// reading and every RPC wait, and that going through it changes nothing.
+type seamProbe struct{}
+
+func (seamProbe) Mode() string { return "seam-probe" }
+
+func (seamProbe) attach(c *Connection) readPath { return &seamProbeConn{c: c} }
+
+type seamProbeConn struct {
+	c *Connection
+
+	starts, heartbeaters, connCalls, chanCalls, closings, shutdowns atomic.Int64
+}
+
+func (p *seamProbeConn) mode() string { return "seam-probe" }
+
+func (p *seamProbeConn) start(conn io.ReadWriteCloser) {
+	p.starts.Add(1)
+	go p.c.reader(conn)
+}
+
+func (p *seamProbeConn) heartbeater(time.Duration, chan struct{}) bool {
+	p.heartbeaters.Add(1)
+	return false
+}
+
+func (p *seamProbeConn) rpcCap() int { return 0 }
+
+// connCall waits exactly as upstream's Connection.call does.
+func (p *seamProbeConn) connCall(errors chan *Error, rpc chan message, res []message) error {
+	p.connCalls.Add(1)
+	select {
+	case e, ok := <-errors:
+		if ok {
+			return e
+		}
+		return ErrClosed
+	case m, ok := <-rpc:
+		if !ok {
+			select {
+			case e, ok := <-errors:
+				if ok {
+					return e
+				}
+			default:
+			}
+			return ErrClosed
+		}
+		return matchReply(m, res)
+	}
+}
+
+// chanCall waits exactly as upstream's Channel.call does.
+func (p *seamProbeConn) chanCall(_ *Channel, errors chan *Error, rpc chan message, res []message) error {
+	p.chanCalls.Add(1)
+	select {
+	case e, ok := <-errors:
+		if ok {
+			return e
+		}
+		return ErrClosed
+	case msg := <-rpc:
+		if msg == nil {
+			return ErrClosed
+		}
+		return matchReply(msg, res)
+	}
+}
+
+func (p *seamProbeConn) closing() { p.closings.Add(1) }
+
+func (p *seamProbeConn) shutdown(*Error) { p.shutdowns.Add(1) }

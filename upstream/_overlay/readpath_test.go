@@ -1,0 +1,96 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestReadModeOfBareConnectionIsUpstream(t *testing.T) {
+	if got := (&Connection{}).ReadMode(); got != "upstream" {
+		t.Fatalf("ReadMode() = %q, want %q", got, "upstream")
+	}
+}
+
+func TestReadModeFollowsDefault(t *testing.T) {
+	rwc, srv := newSession(t)
+	t.Cleanup(func() { rwc.Close() })
+	go srv.connectionOpen()
+
+	c, err := Open(rwc, defaultConfig())
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	want := "upstream"
+	if defaultReadPath != nil {
+		want = defaultReadPath.Mode()
+	}
+	if got := c.ReadMode(); got != want {
+		t.Fatalf("ReadMode() = %q, want %q", got, want)
+	}
+}
+
+// TestSeamReachesEveryHook drives one connection through open, a channel
+// RPC and close with the seam probe, and checks each hook ran.
+func TestSeamReachesEveryHook(t *testing.T) {
+	rwc, srv := newSession(t)
+	t.Cleanup(func() { rwc.Close() })
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.connectionOpen()
+		srv.channelOpen(1)
+		srv.recv(0, &connectionClose{})
+		srv.send(0, &connectionCloseOk{})
+	}()
+
+	cfg := defaultConfig()
+	cfg.ReadPath = seamProbe{}
+	c, err := Open(rwc, cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if got := c.ReadMode(); got != "seam-probe" {
+		t.Fatalf("ReadMode() = %q, want seam-probe", got)
+	}
+	if _, err := c.Channel(); err != nil {
+		t.Fatalf("Channel: %v", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	<-served
+
+	p := c.rp.(*seamProbeConn)
+	for _, h := range []struct {
+		name string
+		got  int64
+		min  int64
+	}{
+		{"start", p.starts.Load(), 1},
+		{"heartbeater", p.heartbeaters.Load(), 1},
+		{"connCall", p.connCalls.Load(), 4}, // start, tune, open, close
+		{"chanCall", p.chanCalls.Load(), 1},
+		{"closing", p.closings.Load(), 1},
+		{"shutdown", p.shutdowns.Load(), 1},
+	} {
+		if h.got < h.min {
+			t.Errorf("hook %s ran %d times, want at least %d", h.name, h.got, h.min)
+		}
+	}
+	if err := c.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second Close = %v, want ErrClosed", err)
+	}
+}
+
+func TestMatchReplyRejectsUnexpectedType(t *testing.T) {
+	var ok connectionOpenOk
+	if err := matchReply(&channelOpenOk{}, []message{&ok}); !errors.Is(err, ErrCommandInvalid) {
+		t.Fatalf("matchReply = %v, want ErrCommandInvalid", err)
+	}
+	if err := matchReply(&connectionOpenOk{}, []message{&ok}); err != nil {
+		t.Fatalf("matchReply = %v, want nil", err)
+	}
+}
