@@ -1,0 +1,40 @@
+# amqp091-drainer: every target vendors the patched upstream tree first.
+# The two commands the README promises are `make bench` and `make test`.
+
+GO ?= go
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+
+.PHONY: vendor test bench lint upstream-tests upstream-tests-pristine actionlint modfiles
+
+## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
+vendor:
+	$(GO) run ./cmd/amqp091-drainer vendor
+
+## test: gofmt, go vet, staticcheck, go test -race ./..., and upstream's suite in default mode
+test: vendor
+	scripts/test
+
+## bench: the A/B benchmark with defaults
+bench: vendor
+	scripts/bench
+
+## lint: gofmt, go vet and staticcheck over our code and the overlay inside the vendored tree
+lint: vendor
+	scripts/lint
+
+## upstream-tests: upstream's own suite (-race, unit + integration) on the patched tree, default mode
+upstream-tests: vendor
+	scripts/upstream-tests --tree patched --mode upstream
+
+## upstream-tests-pristine: the same suite on the pristine release; rewrites the reference
+upstream-tests-pristine:
+	scripts/upstream-tests --tree pristine --write-reference
+
+## actionlint: lint the GitHub workflows
+actionlint:
+	$(GO) run $(ACTIONLINT) -no-color
+
+## modfiles: regenerate go.upstream.mod/go.upstream.sum from go.mod/go.sum
+modfiles:
+	scripts/sync-modfiles

@@ -1,0 +1,257 @@
+// Command suitereport turns the `go test -json` output of upstream's suite
+// into a sorted outcome list and a one-line summary, and compares the list
+// with a reference run.
+//
+// Usage:
+//
+//	suitereport -json run.json [-ours DIR] [-write FILE] [-reference FILE] [-label TEXT]
+//
+// Each outcome line is "PASS|FAIL|SKIP TestName[/subtest]". Tests declared
+// in the *_test.go files of -ours (our overlay) are reported apart, so the
+// patched tree's outcome list can be compared line for line with the
+// pristine tree's. The command exits 1 when a test failed, when the run did
+// not finish, or when the list differs from -reference.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+)
+
+// event is one line of test2json output.
+type event struct {
+	Time    time.Time
+	Action  string
+	Test    string
+	Elapsed float64
+	Output  string
+}
+
+type outcome struct {
+	name    string
+	action  string // pass, fail or skip
+	elapsed float64
+}
+
+func main() {
+	jsonFile := flag.String("json", "", "go test -json output to read")
+	oursDir := flag.String("ours", "", "folder whose *_test.go files declare our own tests")
+	write := flag.String("write", "", "write the outcome list to this file")
+	reference := flag.String("reference", "", "compare the outcome list with this file")
+	label := flag.String("label", "upstream suite", "what the summary line names")
+	flag.Parse()
+	code, err := run(*jsonFile, *oursDir, *write, *reference, *label, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "suitereport:", err)
+		os.Exit(2)
+	}
+	os.Exit(code)
+}
+
+func run(jsonFile, oursDir, write, reference, label string, out io.Writer) (int, error) {
+	if jsonFile == "" {
+		return 0, fmt.Errorf("-json is required")
+	}
+	f, err := os.Open(jsonFile)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	results, finished, wall, err := parse(f)
+	if err != nil {
+		return 0, err
+	}
+	ours, err := ourTests(oursDir)
+	if err != nil {
+		return 0, err
+	}
+
+	var theirs, mine []outcome
+	for _, r := range results {
+		if ours[strings.SplitN(r.name, "/", 2)[0]] {
+			mine = append(mine, r)
+		} else {
+			theirs = append(theirs, r)
+		}
+	}
+	list := format(theirs)
+	if write != "" {
+		if err := os.WriteFile(write, []byte(list), 0o644); err != nil {
+			return 0, err
+		}
+	}
+
+	code := 0
+	pass, fail, skip := count(theirs)
+	fmt.Fprintf(out, "%s: %d passed, %d failed, %d skipped (%d top-level tests) in %s\n",
+		label, pass, fail, skip, topLevel(theirs), wall.Round(time.Second))
+	for _, r := range theirs {
+		if r.action != "pass" {
+			fmt.Fprintf(out, "  %s %s\n", strings.ToUpper(r.action), r.name)
+		}
+	}
+	if len(mine) > 0 {
+		p, fl, s := count(mine)
+		fmt.Fprintf(out, "overlay tests: %d passed, %d failed, %d skipped\n", p, fl, s)
+		fail += fl
+		for _, r := range mine {
+			if r.action == "fail" {
+				fmt.Fprintf(out, "  FAIL %s\n", r.name)
+			}
+		}
+	}
+	if !finished {
+		fmt.Fprintln(out, "the test binary did not finish (crash, panic or timeout): see the raw output")
+		code = 1
+	}
+	if fail > 0 {
+		code = 1
+	}
+	if reference != "" {
+		want, err := os.ReadFile(reference)
+		if err != nil {
+			return 0, err
+		}
+		if diff := compare(string(want), list); diff != "" {
+			fmt.Fprintf(out, "differs from the reference %s:\n%s", reference, diff)
+			code = 1
+		} else {
+			fmt.Fprintf(out, "same outcomes as the reference %s\n", reference)
+		}
+	}
+	return code, nil
+}
+
+// parse reads test2json events; finished reports whether the package itself
+// reached a pass or fail verdict.
+func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, err error) {
+	byName := map[string]outcome{}
+	var first, last time.Time
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		var e event
+		if err := json.Unmarshal(sc.Bytes(), &e); err != nil {
+			continue // go test prints build errors as plain text
+		}
+		if first.IsZero() {
+			first = e.Time
+		}
+		last = e.Time
+		switch e.Action {
+		case "pass", "fail", "skip":
+			if e.Test == "" {
+				finished = true
+				continue
+			}
+			byName[e.Test] = outcome{name: e.Test, action: e.Action, elapsed: e.Elapsed}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, false, 0, err
+	}
+	for _, o := range byName {
+		results = append(results, o)
+	}
+	sort.Slice(results, func(i, j int) bool { return results[i].name < results[j].name })
+	return results, finished, last.Sub(first), nil
+}
+
+// ourTests lists the Test functions declared in dir's *_test.go files.
+func ourTests(dir string) (map[string]bool, error) {
+	names := map[string]bool{}
+	if dir == "" {
+		return names, nil
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	if err != nil {
+		return nil, err
+	}
+	fset := token.NewFileSet()
+	for _, f := range files {
+		file, err := parser.ParseFile(fset, f, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range file.Decls {
+			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") {
+				names[fn.Name.Name] = true
+			}
+		}
+	}
+	return names, nil
+}
+
+func format(rs []outcome) string {
+	var b strings.Builder
+	for _, r := range rs {
+		fmt.Fprintf(&b, "%s %s\n", strings.ToUpper(r.action), r.name)
+	}
+	return b.String()
+}
+
+func count(rs []outcome) (pass, fail, skip int) {
+	for _, r := range rs {
+		switch r.action {
+		case "pass":
+			pass++
+		case "fail":
+			fail++
+		case "skip":
+			skip++
+		}
+	}
+	return
+}
+
+func topLevel(rs []outcome) int {
+	n := 0
+	for _, r := range rs {
+		if !strings.Contains(r.name, "/") {
+			n++
+		}
+	}
+	return n
+}
+
+// compare lists the lines only in want ("-") or only in got ("+"); comment
+// lines starting with # are ignored.
+func compare(want, got string) string {
+	set := func(s string) map[string]bool {
+		m := map[string]bool{}
+		for _, l := range strings.Split(s, "\n") {
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				m[l] = true
+			}
+		}
+		return m
+	}
+	w, g := set(want), set(got)
+	var diff []string
+	for l := range w {
+		if !g[l] {
+			diff = append(diff, "  - "+l)
+		}
+	}
+	for l := range g {
+		if !w[l] {
+			diff = append(diff, "  + "+l)
+		}
+	}
+	sort.Slice(diff, func(i, j int) bool { return diff[i][4:] < diff[j][4:] })
+	if len(diff) == 0 {
+		return ""
+	}
+	return strings.Join(diff, "\n") + "\n"
+}

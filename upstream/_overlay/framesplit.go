@@ -1,0 +1,129 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+)
+
+// maxUnlimitedFrame bounds one frame when the peers negotiated no frame
+// maximum (frame_max 0). A frame header may claim up to 4 GiB; without a
+// bound, one forged header would make the splitter buffer that much.
+const maxUnlimitedFrame = 64 << 20
+
+// frameSplitter cuts a byte stream into complete AMQP frames (spec 2.3.5:
+// type, channel, size, payload, frame-end).
+//
+// It differs from upstream's reader in one way that matters to a read loop
+// with deadlines: it owns its buffer, so a read that times out in the middle
+// of a frame loses nothing. The bytes stay buffered and the next fill
+// completes the frame. It validates each frame's header as soon as the
+// header is complete, before buffering the payload, so an oversized or
+// malformed frame is refused without allocating for it.
+type frameSplitter struct {
+	buf        []byte         // buf[start:end] is read but not yet returned
+	start, end int            //
+	maxFrame   *atomic.Uint32 // negotiated frame_max (header+payload+end), 0 for none
+}
+
+func newFrameSplitter(maxFrame *atomic.Uint32) *frameSplitter {
+	return &frameSplitter{buf: make([]byte, frameMinSize), maxFrame: maxFrame}
+}
+
+// frameError is a malformed or oversized frame. It wraps ErrFrame or
+// ErrFrameTooLarge so errors.Is keeps working, and its reason says what was
+// wrong and where.
+type frameError struct {
+	reason string
+	err    error
+}
+
+func (e *frameError) Error() string { return e.reason }
+func (e *frameError) Unwrap() error { return e.err }
+
+// limit is the largest frame, header and frame-end included, accepted now.
+func (s *frameSplitter) limit() int {
+	if max := s.maxFrame.Load(); max > 0 {
+		return int(max)
+	}
+	return maxUnlimitedFrame
+}
+
+// next returns the next complete frame, header and frame-end included, or
+// nil when the buffer does not hold a whole frame yet. The returned slice
+// aliases the splitter's buffer and is valid until the next fill.
+func (s *frameSplitter) next() ([]byte, error) {
+	avail := s.buf[s.start:s.end]
+	if len(avail) < 7 {
+		return nil, nil
+	}
+	typ, size := avail[0], binary.BigEndian.Uint32(avail[3:7])
+	switch typ {
+	case frameMethod, frameHeader, frameBody, frameHeartbeat:
+	default:
+		return nil, &frameError{fmt.Sprintf("invalid frame type %d", typ), ErrFrame}
+	}
+	limit := s.limit()
+	if uint64(size)+frameHeaderSize > uint64(limit) {
+		return nil, &frameError{
+			fmt.Sprintf("frame of %d payload bytes exceeds the frame maximum of %d bytes", size, limit),
+			ErrFrameTooLarge,
+		}
+	}
+	total := int(size) + frameHeaderSize
+	if len(avail) < total {
+		return nil, nil
+	}
+	if end := avail[total-1]; end != frameEnd {
+		return nil, &frameError{fmt.Sprintf("frame-end octet is %#x, want %#x", end, frameEnd), ErrFrame}
+	}
+	s.start += total
+	return avail[:total:total], nil
+}
+
+// need is how many bytes the buffer must hold for the frame being read to
+// be complete: at least a header, and the whole frame once the header says
+// how long it is.
+func (s *frameSplitter) need() int {
+	avail := s.buf[s.start:s.end]
+	if len(avail) < 7 {
+		return 7
+	}
+	return int(binary.BigEndian.Uint32(avail[3:7])) + frameHeaderSize
+}
+
+// fill reads once from r, after making room for at least the rest of the
+// current frame. It returns what r.Read returned. Call it only after next
+// returned nil, so that need is within the limit that next checked.
+func (s *frameSplitter) fill(r io.Reader) (int, error) {
+	need := s.need()
+	if s.start > 0 && s.start == s.end {
+		s.start, s.end = 0, 0
+	}
+	if len(s.buf)-s.start < need {
+		// Move the partial frame to the front, growing the buffer only when
+		// the frame itself is larger than it: memory stays bounded by the
+		// largest frame the peer was allowed to send.
+		buf := s.buf
+		if len(buf) < need {
+			buf = make([]byte, need)
+		}
+		s.end = copy(buf, s.buf[s.start:s.end])
+		s.start = 0
+		s.buf = buf
+	}
+	if s.end == len(s.buf) {
+		return 0, errors.New("frameSplitter: fill called with a complete frame buffered")
+	}
+	n, err := r.Read(s.buf[s.end:])
+	s.end += n
+	return n, err
+}
+
+// buffered reports how many bytes are read but not yet returned as frames.
+func (s *frameSplitter) buffered() int { return s.end - s.start }
