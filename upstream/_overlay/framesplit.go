@@ -124,6 +124,3 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	s.end += n
 	return n, err
 }
-
-// buffered reports how many bytes are read but not yet returned as frames.
-func (s *frameSplitter) buffered() int { return s.end - s.start }

@@ -70,7 +70,7 @@ func split(stream, sizes []byte) [][]byte {
 
 // splitAll runs a splitter over r until r or the splitter fails, returning
 // copies of the frames and the first non-timeout error.
-func splitAll(r io.Reader, max uint32) (frames [][]byte, err error, largestBuf int) {
+func splitAll(r io.Reader, max uint32) (frames [][]byte, largestBuf int, err error) {
 	var limit atomic.Uint32
 	limit.Store(max)
 	s := newFrameSplitter(&limit)
@@ -78,7 +78,7 @@ func splitAll(r io.Reader, max uint32) (frames [][]byte, err error, largestBuf i
 		for {
 			raw, err := s.next()
 			if err != nil {
-				return frames, err, len(s.buf)
+				return frames, len(s.buf), err
 			}
 			if raw == nil {
 				break
@@ -89,7 +89,7 @@ func splitAll(r io.Reader, max uint32) (frames [][]byte, err error, largestBuf i
 			if len(s.buf) > largestBuf {
 				largestBuf = len(s.buf)
 			}
-			return frames, err, largestBuf
+			return frames, largestBuf, err
 		}
 		if len(s.buf) > largestBuf {
 			largestBuf = len(s.buf)
@@ -107,7 +107,7 @@ func TestFrameSplitterKeepsPartialFramesAcrossTimeouts(t *testing.T) {
 	}, nil)
 	r := &chunkReader{chunks: split(stream, []byte{200, 3, 1, 255}), timeouts: true}
 
-	frames, err, _ := splitAll(r, 131072)
+	frames, _, err := splitAll(r, 131072)
 	if !errors.Is(err, io.EOF) {
 		t.Fatalf("splitAll ended with %v, want io.EOF", err)
 	}
@@ -121,7 +121,7 @@ func TestFrameSplitterKeepsPartialFramesAcrossTimeouts(t *testing.T) {
 
 func TestFrameSplitterRefusesOversizedFrameBeforeBuffering(t *testing.T) {
 	header := []byte{frameBody, 0, 1, 0x7f, 0xff, 0xff, 0xff} // claims 2 GiB
-	frames, err, largest := splitAll(&chunkReader{chunks: [][]byte{header}}, 131072)
+	frames, largest, err := splitAll(&chunkReader{chunks: [][]byte{header}}, 131072)
 	if len(frames) != 0 || !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("splitAll = %d frames, %v; want ErrFrameTooLarge", len(frames), err)
 	}
@@ -138,7 +138,7 @@ func TestFrameSplitterRefusesMalformedFrames(t *testing.T) {
 	badEnd := append(append([]byte(nil), good[:len(good)-1]...), 0x00)
 	badType := append([]byte{42}, good[1:]...)
 	for name, stream := range map[string][]byte{"frame-end": badEnd, "type": badType} {
-		frames, err, _ := splitAll(&chunkReader{chunks: [][]byte{stream}}, 131072)
+		frames, _, err := splitAll(&chunkReader{chunks: [][]byte{stream}}, 131072)
 		if len(frames) != 0 || !errors.Is(err, ErrFrame) {
 			t.Errorf("bad %s: splitAll = %d frames, %v; want ErrFrame", name, len(frames), err)
 		}
@@ -162,8 +162,8 @@ func FuzzFrameSplitter(f *testing.F) {
 
 	const max = 8192
 	f.Fuzz(func(t *testing.T, stream, sizes []byte) {
-		whole, wholeErr, _ := splitAll(bytes.NewReader(stream), max)
-		sliced, slicedErr, largest := splitAll(&chunkReader{chunks: split(stream, sizes), timeouts: true}, max)
+		whole, _, wholeErr := splitAll(bytes.NewReader(stream), max)
+		sliced, largest, slicedErr := splitAll(&chunkReader{chunks: split(stream, sizes), timeouts: true}, max)
 
 		if len(whole) != len(sliced) {
 			t.Fatalf("%d frames whole, %d sliced", len(whole), len(sliced))
