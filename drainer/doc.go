@@ -1,9 +1,67 @@
-// Package drainer will hold the dedicated-drainer read mode: one goroutine
-// per connection owns the socket read, dispatches without ever blocking on
-// user code, sends heartbeats from the same loop, and releases every waiter
-// at once on an error.
+// Package drainer is the dedicated-drainer read mode of amqp091-drainer: one
+// goroutine per connection owns the socket read, so no goroutine ever
+// queues behind another's blocking read, and the read never waits for user
+// code.
 //
-// Status: not implemented yet. The read-path seam it plugs into
-// (amqp091.Config.ReadPath, see PATCHES.md) is in place; until this mode
-// lands, every connection runs upstream's reader.
+// The contract, per connection:
+//
+//  1. Ownership. Exactly one drainer goroutine reads the socket. It starts
+//     when the connection opens, and again after each successful Reconnect
+//     once the previous one has exited. Close stops it.
+//  2. It never blocks on user code. Notifications (NotifyPublish,
+//     NotifyReturn, NotifyFlow, NotifyCancel, NotifyBlocked) are queued per
+//     listener, in order, and delivered by a short-lived goroutine; none is
+//     dropped while the listener is open (upstream drops one after 5 s).
+//     Replies that need a network write (close-ok, flow-ok, cancel-ok) are
+//     written by the channel's dispatcher, never by the drainer.
+//  3. Bounded memory. What waits for users counts against a budget
+//     (Options.Budget, 64 MiB by default); over it the drainer stops
+//     reading the socket, which is TCP backpressure, and resumes below half
+//     of it, still sending heartbeats while paused.
+//  4. Frames. It reads whatever is available into its own buffer and
+//     dispatches complete frames only; a read deadline in the middle of a
+//     frame keeps the partial bytes. An oversized or malformed frame closes
+//     the connection with a FrameError (501) that says what was wrong.
+//  5. Heartbeats in the same loop. Read deadlines double as the timer; a
+//     heartbeat goes out only when nothing else was written in the
+//     interval, and never by waiting for the write lock. A broker silent
+//     for 1.5 × the negotiated heartbeat is declared dead.
+//  6. All waiters are released together, each with the same *amqp.Error.
+//  7. Intentional close. Waiters blocked when Close is called get
+//     amqp.ErrClosedIntentionally: errors.Is(err, amqp.ErrClosed) holds,
+//     and it is not Recoverable, so recovery does not redial.
+//  8. Bounded close. If the broker does not answer close-ok within
+//     Options.CloseTimeout (5 s by default), the socket is closed, which
+//     also frees a publisher blocked in a write.
+//
+// Known gap: deliveries handed to a Consume channel are buffered by
+// upstream's per-consumer goroutine, which the budget does not yet cover;
+// use Qos with manual acks to bound them, as with upstream.
+//
+// Use it by dialling through this package, or by setting
+// amqp.Config.ReadPath to ReadPath(opts):
+//
+//	conn, err := drainer.Dial("amqp://guest:guest@127.0.0.1:5672/", drainer.Options{})
+//	// conn.ReadMode() == "drainer"
 package drainer
+
+import amqp "github.com/rabbitmq/amqp091-go"
+
+// Options tune drainer mode; the zero value is ready to use. See
+// amqp.DrainerOptions for each field.
+type Options = amqp.DrainerOptions
+
+// ReadPath returns the read path of drainer mode, for amqp.Config.ReadPath.
+func ReadPath(opts Options) amqp.ReadPath { return amqp.Drainer(opts) }
+
+// Dial is amqp.Dial in drainer mode.
+func Dial(url string, opts Options) (*amqp.Connection, error) {
+	return DialConfig(url, amqp.Config{}, opts)
+}
+
+// DialConfig is amqp.DialConfig in drainer mode. Every other setting of cfg,
+// recovery included, is honoured as upstream honours it.
+func DialConfig(url string, cfg amqp.Config, opts Options) (*amqp.Connection, error) {
+	cfg.ReadPath = ReadPath(opts)
+	return amqp.DialConfig(url, cfg)
+}

@@ -168,7 +168,8 @@ func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, e
 	return results, finished, last.Sub(first), nil
 }
 
-// ourTests lists the Test functions declared in dir's *_test.go files.
+// ourTests lists the Test, Fuzz and Example functions declared in dir's
+// *_test.go files: go test reports all three as tests.
 func ourTests(dir string) (map[string]bool, error) {
 	names := map[string]bool{}
 	if dir == "" {
@@ -185,8 +186,14 @@ func ourTests(dir string) (map[string]bool, error) {
 			return nil, err
 		}
 		for _, d := range file.Decls {
-			if fn, ok := d.(*ast.FuncDecl); ok && fn.Recv == nil && strings.HasPrefix(fn.Name.Name, "Test") {
-				names[fn.Name.Name] = true
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Recv != nil {
+				continue
+			}
+			for _, prefix := range []string{"Test", "Fuzz", "Example"} {
+				if strings.HasPrefix(fn.Name.Name, prefix) {
+					names[fn.Name.Name] = true
+				}
 			}
 		}
 	}

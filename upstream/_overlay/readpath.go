@@ -24,10 +24,14 @@ import (
 //  3. Connection.call and Channel.call hand the wait for a reply to
 //     connCall and chanCall, after the request has been sent.
 //  4. newChannel and Channel.resetState size each channel's rpc chan with
-//     rpcCap, so a read path can hand replies over without blocking.
-//  5. beginClose calls closing once a close has been initiated, before it
+//     rpcCap, so a read path can hand replies over without blocking, and
+//     newChannel ties the consumer buffers to the read path's budget
+//     (consumerbudget.go).
+//  5. openComplete calls opened after it has cleared the socket's
+//     deadlines at the end of the handshake.
+//  6. beginClose calls closing once a close has been initiated, before it
 //     waits for an in-flight Reconnect.
-//  6. shutdown calls the read path's shutdown first, before it takes any lock.
+//  7. shutdown calls the read path's shutdown first, before it takes any lock.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames.
 //
@@ -62,6 +66,10 @@ type readPath interface {
 	// rpcCap is the capacity of each channel's rpc chan (upstream: 0).
 	rpcCap() int
 
+	// deliveryBudget is the budget that buffered deliveries count against,
+	// or nil for upstream's unbounded consumer buffers.
+	deliveryBudget() *budget
+
 	// connCall waits for the reply to a channel-0 request that the caller
 	// has already sent, matching it into one of res as upstream does.
 	// errors and rpc are the generation's chans, read under c.m.
@@ -69,6 +77,10 @@ type readPath interface {
 
 	// chanCall is connCall for a synchronous request on channel ch.
 	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
+
+	// opened runs when a generation's handshake has completed, right after
+	// upstream cleared the socket's read and write deadlines.
+	opened()
 
 	// closing runs once Close, CloseDeadline or closeWith has initiated the
 	// close, and before it waits for an in-flight Reconnect or sends

@@ -20,7 +20,9 @@ func init() {
 		defaultReadPath = nil
 	case "seam-probe":
 		defaultReadPath = seamProbe{}
+	case "drainer":
+		defaultReadPath = Drainer(DrainerOptions{})
 	default:
-		panic(fmt.Sprintf("%s=%q: want one of upstream, seam-probe", testReadModeEnv, mode))
+		panic(fmt.Sprintf("%s=%q: want one of upstream, seam-probe, drainer", testReadModeEnv, mode))
 	}
 }

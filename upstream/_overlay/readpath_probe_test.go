@@ -23,7 +23,7 @@ func (seamProbe) attach(c *Connection) readPath { return &seamProbeConn{c: c} }
 type seamProbeConn struct {
 	c *Connection
 
-	starts, heartbeaters, connCalls, chanCalls, closings, shutdowns atomic.Int64
+	starts, heartbeaters, connCalls, chanCalls, openeds, closings, shutdowns atomic.Int64
 }
 
 func (p *seamProbeConn) mode() string { return "seam-probe" }
@@ -39,6 +39,8 @@ func (p *seamProbeConn) heartbeater(time.Duration, chan struct{}) bool {
 }
 
 func (p *seamProbeConn) rpcCap() int { return 0 }
+
+func (p *seamProbeConn) deliveryBudget() *budget { return nil }
 
 // connCall waits exactly as upstream's Connection.call does.
 func (p *seamProbeConn) connCall(errors chan *Error, rpc chan message, res []message) error {
@@ -80,6 +82,8 @@ func (p *seamProbeConn) chanCall(_ *Channel, errors chan *Error, rpc chan messag
 		return matchReply(msg, res)
 	}
 }
+
+func (p *seamProbeConn) opened() { p.openeds.Add(1) }
 
 func (p *seamProbeConn) closing() { p.closings.Add(1) }
 

@@ -73,6 +73,7 @@ func TestSeamReachesEveryHook(t *testing.T) {
 		{"heartbeater", p.heartbeaters.Load(), 1},
 		{"connCall", p.connCalls.Load(), 4}, // start, tune, open, close
 		{"chanCall", p.chanCalls.Load(), 1},
+		{"opened", p.openeds.Load(), 1},
 		{"closing", p.closings.Load(), 1},
 		{"shutdown", p.shutdowns.Load(), 1},
 	} {

@@ -1,0 +1,74 @@
+package drainer_test
+
+import (
+	"context"
+	"errors"
+	"log"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/drainer"
+)
+
+// A publisher with confirms in drainer mode. Nothing here has to read the
+// NotifyPublish listener promptly for the rest of the connection to keep
+// working: confirmations wait in the listener's mailbox.
+func ExampleDial() {
+	conn, err := drainer.Dial("amqp://guest:guest@127.0.0.1:5672/", drainer.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		log.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q.Name, false, false,
+		amqp.Publishing{ContentType: "text/plain", Body: []byte("hello")})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		log.Fatalf("not confirmed: %v", err)
+	}
+	log.Printf("%s read mode: published and confirmed", conn.ReadMode())
+}
+
+// Telling a deliberate shutdown from a failure: waiters released by Close
+// get amqp.ErrClosedIntentionally, which is an amqp.ErrClosed that must not
+// be retried.
+func ExampleDialConfig_closedIntentionally() {
+	conn, err := drainer.DialConfig("amqp://guest:guest@127.0.0.1:5672/",
+		amqp.Config{Heartbeat: 10 * time.Second}, drainer.Options{CloseTimeout: 2 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		for {
+			if err := conn.DrainEvents(context.Background()); err != nil {
+				done <- err
+				return
+			}
+		}
+	}()
+	_ = conn.Close()
+	err = <-done
+	switch {
+	case errors.Is(err, amqp.ErrClosedIntentionally):
+		log.Print("closed on purpose: do not reconnect")
+	case errors.Is(err, amqp.ErrClosed):
+		log.Print("connection lost: reconnect")
+	}
+}

@@ -1,0 +1,230 @@
+package drainer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/drainer"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/fakepeer"
+)
+
+// Tests here script the broker with the fake peer: RabbitMQ cannot be made
+// to send channel.flow, or to stop reading on cue.
+
+// TestUnreadFlowAndBlockedListenersStallNobody: the peer sends 50
+// connection.blocked/unblocked and 50 channel.flow to listeners nobody
+// reads, then answers an RPC. The RPC completes at once, every flow-ok is
+// written, and the listeners later receive every notification in order.
+func TestUnreadFlowAndBlockedListenersStallNobody(t *testing.T) {
+	const n = 50
+	peer := fakepeer.Listen(t)
+	peer.Serve(func(s *fakepeer.Session) error {
+		ch, err := s.AnswerChannelOpen()
+		if err != nil {
+			return err
+		}
+		// The client declares "ready" once its listeners are registered;
+		// the notifications go out ahead of the reply to that declare.
+		if _, err := s.ExpectMethod(ch, 50, 10); err != nil {
+			return err
+		}
+		for i := 0; i < n; i++ {
+			blocked := fakepeer.ConnectionBlocked(fmt.Sprint("low memory ", i))
+			if i%2 == 1 {
+				blocked = fakepeer.ConnectionUnblocked()
+			}
+			if err := s.Send(blocked, fakepeer.ChannelFlow(ch, i%2 == 0)); err != nil {
+				return err
+			}
+		}
+		if err := s.Send(fakepeer.QueueDeclareOk(ch, "ready", 0, 0)); err != nil {
+			return err
+		}
+		for flowOks := 0; flowOks < n; {
+			f, err := s.ReadFrame()
+			if err != nil {
+				return err
+			}
+			if class, method := f.Method(); f.Type == fakepeer.FrameMethod && class == 20 && method == 21 {
+				flowOks++
+			}
+		}
+		return s.AnswerClose()
+	})
+
+	conn := dial(t, peer.URL(), amqp.Config{})
+	blocks := conn.NotifyBlocked(make(chan amqp.Blocking))
+	ch := channel(t, conn)
+	flows := ch.NotifyFlow(make(chan bool))
+
+	start := time.Now()
+	if _, err := ch.QueueDeclare("ready", false, false, true, false, nil); err != nil {
+		t.Fatalf("QueueDeclare behind unread listeners: %v", err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("QueueDeclare took %s behind unread listeners, want under 1s", d)
+	}
+	for i := 0; i < n; i++ {
+		select {
+		case b := <-blocks:
+			if b.Active != (i%2 == 0) {
+				t.Fatalf("blocked notification %d = %+v, out of order", i, b)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("blocked notification %d of %d never arrived", i, n)
+		}
+		select {
+		case active := <-flows:
+			if active != (i%2 == 0) {
+				t.Fatalf("flow notification %d = %v, out of order", i, active)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("flow notification %d of %d never arrived", i, n)
+		}
+	}
+}
+
+// writeWatcher is a net.Conn that reports once a given number of bytes
+// has been written through it.
+type writeWatcher struct {
+	net.Conn
+	written   atomic.Int64
+	threshold int64
+	once      sync.Once
+	reached   chan struct{}
+}
+
+func (w *writeWatcher) Write(p []byte) (int, error) {
+	if w.written.Add(int64(len(p))) >= w.threshold {
+		w.once.Do(func() { close(w.reached) })
+	}
+	return w.Conn.Write(p)
+}
+
+// TestCloseIsBoundedWhenTheBrokerStopsReading: a publisher is stuck in a
+// socket write because the peer stopped reading. Close still returns
+// within its bound, and frees the publisher.
+func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
+	peer := fakepeer.Listen(t)
+	peer.Serve(func(s *fakepeer.Session) error {
+		if _, err := s.AnswerChannelOpen(); err != nil {
+			return err
+		}
+		return s.StopReading()
+	})
+
+	watch := &writeWatcher{threshold: 1 << 20, reached: make(chan struct{})}
+	cfg := amqp.Config{Dial: func(network, addr string) (net.Conn, error) {
+		c, err := net.Dial(network, addr)
+		watch.Conn = c
+		return watch, err
+	}}
+	const closeTimeout = time.Second
+	conn, err := drainer.DialConfig(peer.URL(), cfg, drainer.Options{CloseTimeout: closeTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch := channel(t, conn)
+
+	published := make(chan error, 1)
+	go func() {
+		// Far more than the socket buffers hold: this write blocks.
+		body := make([]byte, 64<<20)
+		published <- ch.PublishWithContext(context.Background(), "", "q", false, false, amqp.Publishing{Body: body})
+	}()
+	select {
+	case <-watch.reached:
+	case err := <-published:
+		t.Fatalf("the publish finished although the peer is not reading: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the publisher never started writing")
+	}
+
+	start := time.Now()
+	closeErr := conn.Close()
+	elapsed := time.Since(start)
+	t.Logf("Close returned after %s: %v", elapsed, closeErr)
+	if elapsed > closeTimeout+2*time.Second {
+		t.Fatalf("Close took %s, want within its %s bound (plus slack)", elapsed, closeTimeout)
+	}
+	if closeErr == nil {
+		t.Fatal("Close reported success although the broker never answered close-ok")
+	}
+	select {
+	case err := <-published:
+		if err == nil {
+			t.Fatal("the blocked publish reported success")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the blocked publisher was not freed by Close")
+	}
+}
+
+// TestCloseUnderLoad closes 50 connections, each with an active consumer
+// and an active publisher, and wants every Close back within 2 s and every
+// goroutine gone (the leak check in TestMain).
+func TestCloseUnderLoad(t *testing.T) {
+	const trials = 50
+	var times []time.Duration
+	for i := 0; i < trials; i++ {
+		conn, err := drainer.Dial(brokerURL(t), drainer.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		consumerCh, publisherCh := channel(t, conn), channel(t, conn)
+		q := exclusiveQueue(t, consumerCh)
+		deliveries, err := consumerCh.Consume(q, "", true, false, false, false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var wg sync.WaitGroup
+		wg.Add(2)
+		got := make(chan struct{}, 1)
+		go func() {
+			defer wg.Done()
+			for range deliveries {
+				select {
+				case got <- struct{}{}:
+				default:
+				}
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			for {
+				if err := publisherCh.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{Body: []byte("load")}); err != nil {
+					return
+				}
+			}
+		}()
+		select {
+		case <-got: // both are running
+		case <-time.After(10 * time.Second):
+			t.Fatal("the consumer never received anything")
+		}
+
+		start := time.Now()
+		err = conn.Close()
+		d := time.Since(start)
+		if err != nil && !errors.Is(err, amqp.ErrClosed) {
+			t.Fatalf("trial %d: Close = %v", i, err)
+		}
+		times = append(times, d)
+		if d > 2*time.Second {
+			t.Fatalf("trial %d: Close took %s, want within 2s", i, d)
+		}
+		wg.Wait()
+	}
+	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
+	t.Logf("%d closes under load: P50 %s, P95 %s, max %s", trials,
+		times[trials/2], times[trials*95/100], times[trials-1])
+}

@@ -1,0 +1,52 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import "sync"
+
+// budget counts the bytes that the drainer has read from the socket and
+// that still wait for a user: frames queued for a channel's dispatcher and
+// notifications queued for a listener. When the count passes the high
+// mark, the drainer stops reading the socket, so TCP backpressure reaches
+// the broker instead of memory growing; it reads again once the count falls
+// under the low mark.
+type budget struct {
+	high, low int64
+
+	mu     sync.Mutex
+	used   int64
+	belowC chan struct{} // closed when used falls to low or below, while someone waits
+}
+
+func newBudget(high, low int64) *budget { return &budget{high: high, low: low} }
+
+func (b *budget) charge(n int64) {
+	b.mu.Lock()
+	b.used += n
+	b.mu.Unlock()
+}
+
+func (b *budget) release(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	if b.used <= b.low && b.belowC != nil {
+		close(b.belowC)
+		b.belowC = nil
+	}
+	b.mu.Unlock()
+}
+
+// over reports whether reading should pause. When it returns true, below is
+// closed once usage has fallen to the low mark.
+func (b *budget) over() (over bool, below <-chan struct{}) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.used <= b.high {
+		return false, nil
+	}
+	if b.belowC == nil {
+		b.belowC = make(chan struct{})
+	}
+	return true, b.belowC
+}

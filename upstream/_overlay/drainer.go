@@ -1,0 +1,565 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Dedicated-drainer read mode.
+//
+// One goroutine per connection generation, the drainer, owns the socket
+// read. Its contract:
+//
+//  1. It reads whatever bytes are available into its own buffer and
+//     dispatches only complete frames (framesplit.go); a read deadline in
+//     the middle of a frame keeps the partial bytes.
+//  2. It never waits on user code or on a lock that anyone holds across a
+//     network write: channel frames go to a per-channel dispatcher
+//     goroutine (started on demand, gone when idle), notifications go to a
+//     per-listener mailbox (mailbox.go), and replies that need a network
+//     write (close-ok, flow-ok, cancel-ok) are written by the dispatcher,
+//     never by the drainer.
+//  3. Everything queued for users counts against a budget. Over it, the
+//     drainer stops reading (TCP backpressure) until users catch up.
+//  4. Heartbeats live in the same loop: read deadlines double as the timer.
+//     A heartbeat is sent only when nothing else was written during the
+//     interval, and never by waiting for the write lock. A broker silent
+//     for three intervals (1.5 × the negotiated heartbeat, as upstream) is
+//     declared dead.
+//  5. On a connection error, every waiter is released at once with the
+//     same *Error. An intentional Close releases them with
+//     ErrClosedIntentionally.
+//  6. Close is bounded: if the broker does not answer close-ok within
+//     DrainerOptions.CloseTimeout, the socket is closed, which also frees a
+//     publisher blocked in a write.
+
+// ErrClosedIntentionally is returned to goroutines that were waiting on a
+// connection (an RPC, DrainEvents) when the application closed it with
+// Close. errors.Is(err, ErrClosed) is true for it, and it is not
+// Recoverable, so neither automatic recovery nor a retry loop that checks
+// Recoverable reconnects after a deliberate shutdown. Only the drainer mode
+// returns it.
+var ErrClosedIntentionally error = closedIntentionally{}
+
+type closedIntentionally struct{}
+
+func (closedIntentionally) Error() string {
+	return "amqp: connection closed intentionally by the application"
+}
+
+// Unwrap makes errors.Is(err, ErrClosed) hold.
+func (closedIntentionally) Unwrap() error { return ErrClosed }
+
+// Recoverable is always false: a deliberate close must not be retried.
+func (closedIntentionally) Recoverable() bool { return false }
+
+// DrainerOptions tune the dedicated-drainer read mode. The zero value is
+// ready to use.
+type DrainerOptions struct {
+	// Budget bounds the bytes read from the socket that still wait for a
+	// user (queued frames and undelivered notifications). Over it, the
+	// drainer stops reading until usage falls to half the budget.
+	// Zero means 64 MiB.
+	Budget int64
+
+	// CloseTimeout bounds how long Close waits for the broker's close-ok
+	// (and for a blocked writer) before it closes the socket. Zero means
+	// 5 seconds.
+	CloseTimeout time.Duration
+}
+
+const (
+	defaultDrainerBudget       = 64 << 20
+	defaultDrainerCloseTimeout = 5 * time.Second
+	// connRPCCap buffers channel-0 replies so the drainer never waits for
+	// the caller of Connection.call to pick one up.
+	connRPCCap = 8
+	// chanRPCCap buffers channel replies for the same reason.
+	chanRPCCap = 8
+	// frameCost is what one queued frame or notification is charged on top
+	// of its payload: its bookkeeping, roughly.
+	frameCost = 64
+)
+
+// Drainer returns the ReadPath of the dedicated-drainer mode; set it as
+// Config.ReadPath.
+func Drainer(opts DrainerOptions) ReadPath {
+	if opts.Budget <= 0 {
+		opts.Budget = defaultDrainerBudget
+	}
+	if opts.CloseTimeout <= 0 {
+		opts.CloseTimeout = defaultDrainerCloseTimeout
+	}
+	return drainerMode{opts}
+}
+
+type drainerMode struct{ opts DrainerOptions }
+
+func (drainerMode) Mode() string { return "drainer" }
+
+func (m drainerMode) attach(c *Connection) readPath {
+	return &drainConn{
+		c:            c,
+		opts:         m.opts,
+		budget:       newBudget(m.opts.Budget, m.opts.Budget/2),
+		closeCalledC: make(chan struct{}),
+		dispatchers:  map[*Channel]*chanDispatcher{},
+	}
+}
+
+// drainConn is the drainer read path of one Connection, across generations.
+type drainConn struct {
+	c      *Connection
+	opts   DrainerOptions
+	budget *budget
+	mbs    mailboxes
+
+	closeCalledC chan struct{} // closed by Close: wakes DrainEvents callers
+
+	mu          sync.Mutex
+	gen         *drainGen
+	closeCalled bool        // Close was called: waiters get ErrClosedIntentionally
+	watchdog    *time.Timer // bounds Close
+	dispatchers map[*Channel]*chanDispatcher
+	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
+}
+
+// drainGen is one connection generation: one socket, one drainer goroutine.
+type drainGen struct {
+	conn io.ReadWriteCloser
+	rpc  chan message // the generation's c.rpc
+
+	deadOnce sync.Once
+	dead     chan struct{} // closed when the generation ends
+	err      *Error        // why it ended; nil for an intentional close
+	done     chan struct{} // closed when the drainer goroutine has returned
+
+	interval  atomic.Int64  // heartbeat interval in ns, 0 until tune (or none)
+	sent      atomic.Uint64 // bytes written to the socket by anyone
+	lastBeat  uint64        // sent at the previous heartbeat check
+	beatReady chan struct{} // closed when the heartbeat interval is known
+
+	activityM sync.Mutex
+	activity  chan struct{} // closed after frames are dispatched; nil while nobody waits
+}
+
+func (d *drainConn) mode() string { return "drainer" }
+
+func (d *drainConn) rpcCap() int { return chanRPCCap }
+
+func (d *drainConn) deliveryBudget() *budget { return d.budget }
+
+func (d *drainConn) current() *drainGen {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.gen
+}
+
+// start runs a new generation's drainer once the previous one has exited,
+// so that no two generations ever read one connection.
+func (d *drainConn) start(conn io.ReadWriteCloser) {
+	g := &drainGen{
+		conn:      conn,
+		rpc:       make(chan message, connRPCCap),
+		dead:      make(chan struct{}),
+		done:      make(chan struct{}),
+		beatReady: make(chan struct{}),
+	}
+	d.mu.Lock()
+	prev := d.gen
+	d.gen = g
+	d.mu.Unlock()
+
+	// Count every byte written, so the heartbeat knows whether anything
+	// else went out during an interval without taking the write lock.
+	d.c.sendM.Lock()
+	d.c.writer = &writer{bufio.NewWriter(&countingWriter{w: conn, n: &g.sent})}
+	d.c.sendM.Unlock()
+	d.c.m.Lock()
+	d.c.rpc = g.rpc
+	d.c.m.Unlock()
+
+	go g.run(d, prev)
+}
+
+// countingWriter counts the bytes its writer accepted.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Uint64
+}
+
+func (cw *countingWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	cw.n.Add(uint64(n))
+	return n, err
+}
+
+// heartbeater takes over heartbeats when the socket supports read
+// deadlines, which the drainer uses as its timer. Transports without them
+// (io.Pipe in tests) keep upstream's heartbeater.
+func (d *drainConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
+	g := d.current()
+	if _, ok := g.conn.(net.Conn); !ok {
+		return false
+	}
+	g.interval.Store(int64(interval))
+	close(g.beatReady)
+	return true
+}
+
+func (g *drainGen) setDead(err *Error) bool {
+	first := false
+	g.deadOnce.Do(func() {
+		g.err = err
+		close(g.dead)
+		first = true
+	})
+	return first
+}
+
+// waitErr is what a waiter released by the end of the generation returns.
+func (d *drainConn) waitErr(g *drainGen) error {
+	if g.err != nil {
+		return g.err
+	}
+	d.mu.Lock()
+	closeCalled := d.closeCalled
+	d.mu.Unlock()
+	if closeCalled {
+		return ErrClosedIntentionally
+	}
+	return ErrClosed
+}
+
+// fail ends the generation because of err: waiters are released first,
+// then the socket is closed (freeing writers), then upstream's teardown
+// runs. It runs on the drainer goroutine, which has nothing left to read.
+func (d *drainConn) fail(g *drainGen, err *Error) {
+	// Waiters released below may look at IsClosed at once: it must be true.
+	d.c.closed.Store(true)
+	if !g.setDead(err) {
+		return // Close or another failure got there first
+	}
+	_ = g.conn.Close()
+	d.c.shutdown(err)
+}
+
+// run is the drainer loop of one generation.
+func (g *drainGen) run(d *drainConn, prev *drainGen) {
+	defer close(g.done)
+	if prev != nil {
+		<-prev.done
+	}
+	split := newFrameSplitter(&d.c.maxFrameSize)
+	deadliner, _ := g.conn.(net.Conn)
+	lastRecv := time.Now()
+	var nextBeat time.Time
+
+	for {
+		for {
+			raw, err := split.next()
+			if err != nil {
+				d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+				return
+			}
+			if raw == nil {
+				break
+			}
+			f, err := (&reader{r: bytes.NewReader(raw)}).ReadFrame()
+			if err != nil {
+				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
+				return
+			}
+			if stop := d.route(g, f); stop {
+				return
+			}
+		}
+		g.signalActivity()
+
+		interval := g.beatInterval()
+		if over, below := d.budget.over(); over {
+			if !g.pause(d, below, interval) {
+				return
+			}
+			lastRecv = time.Now() // a pause we chose is not a silent broker
+		}
+		if interval > 0 && deadliner != nil {
+			if nextBeat.IsZero() {
+				nextBeat = time.Now().Add(interval)
+			}
+			deadline := lastRecv.Add(3 * interval)
+			if nextBeat.Before(deadline) {
+				deadline = nextBeat
+			}
+			_ = deadliner.SetReadDeadline(deadline)
+		}
+
+		n, err := split.fill(g.conn)
+		if n > 0 {
+			lastRecv = time.Now()
+		}
+		if err == nil {
+			continue
+		}
+		if interval > 0 && errors.Is(err, errDeadline) {
+			now := time.Now()
+			if silent := now.Sub(lastRecv); silent >= 3*interval {
+				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf(
+					"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
+					silent.Round(time.Millisecond), 2*interval)})
+				return
+			}
+			if !now.Before(nextBeat) {
+				if err := g.beat(d, interval); err != nil {
+					d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+					return
+				}
+				nextBeat = now.Add(interval)
+			}
+			continue
+		}
+		select {
+		case <-g.dead:
+			return // closed on purpose: Close, a watchdog, or a write error
+		default:
+		}
+		d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+		return
+	}
+}
+
+// errDeadline matches a read or write that ended at its deadline.
+var errDeadline = os.ErrDeadlineExceeded
+
+func (g *drainGen) beatInterval() time.Duration {
+	select {
+	case <-g.beatReady:
+		return time.Duration(g.interval.Load())
+	default:
+		return 0
+	}
+}
+
+// pause waits, without reading, until users have taken enough of what is
+// queued, sending heartbeats meanwhile. It reports false if the generation
+// ended while paused.
+func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Duration) bool {
+	var tick <-chan time.Time
+	if interval > 0 {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-below:
+			return true
+		case <-g.dead:
+			return false
+		case <-tick:
+			if err := g.beat(d, interval); err != nil {
+				d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+				return false
+			}
+		}
+	}
+}
+
+// heartbeatBytes is a heartbeat frame on the wire (spec 4.2.7).
+var heartbeatBytes = []byte{frameHeartbeat, 0, 0, 0, 0, 0, 0, frameEnd}
+
+// beat sends a heartbeat if nothing was written since the last check. It
+// never waits for the write lock: a writer holding it is traffic, which
+// keeps the broker's timer alive just as well. It writes straight to the
+// socket, bounded by a write deadline, so that a broker that stopped
+// reading costs at most one interval and never corrupts the buffered
+// writer's state.
+func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
+	if sent := g.sent.Load(); sent != g.lastBeat {
+		g.lastBeat = sent
+		return nil
+	}
+	c := d.c
+	if !c.sendM.TryLock() {
+		return nil
+	}
+	defer c.sendM.Unlock()
+	if bw, ok := c.writer.w.(*bufio.Writer); ok && bw.Buffered() > 0 {
+		return nil // a publish is between frames: traffic is flowing
+	}
+	nc, ok := g.conn.(net.Conn)
+	if !ok {
+		return nil
+	}
+	_ = nc.SetWriteDeadline(time.Now().Add(interval))
+	n, err := nc.Write(heartbeatBytes)
+	_ = nc.SetWriteDeadline(time.Time{})
+	g.sent.Add(uint64(n))
+	g.lastBeat = g.sent.Load()
+	switch {
+	case err == nil:
+		return nil
+	case n == 0 && errors.Is(err, errDeadline):
+		return nil // the broker is not reading: nothing was written, try later
+	default:
+		return fmt.Errorf("writing a heartbeat: %w", err)
+	}
+}
+
+// signalActivity wakes DrainEvents callers after frames were dispatched.
+// With nobody waiting it costs one uncontended lock.
+func (g *drainGen) signalActivity() {
+	g.activityM.Lock()
+	if g.activity != nil {
+		close(g.activity)
+		g.activity = nil
+	}
+	g.activityM.Unlock()
+}
+
+// activitySignal returns a chan closed after the next dispatched frames.
+func (g *drainGen) activitySignal() <-chan struct{} {
+	g.activityM.Lock()
+	defer g.activityM.Unlock()
+	if g.activity == nil {
+		g.activity = make(chan struct{})
+	}
+	return g.activity
+}
+
+// connCall waits for a channel-0 reply, or for the generation to end.
+func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) error {
+	g := d.current()
+	select {
+	case m := <-rpc:
+		return matchReply(m, res)
+	case <-g.dead:
+		select {
+		case m := <-rpc:
+			return matchReply(m, res)
+		default:
+		}
+		return d.waitErr(g)
+	}
+}
+
+// chanCall waits for a channel reply, a channel error, or the end of the
+// generation. Every waiter released by a connection error gets that error.
+func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res []message) error {
+	g := d.current()
+	select {
+	case msg := <-rpc:
+		if msg == nil {
+			return ErrClosed
+		}
+		return matchReply(msg, res)
+	case e, ok := <-errs:
+		if ok {
+			return e
+		}
+		select {
+		case <-g.dead:
+			return d.waitErr(g)
+		default:
+		}
+		return ErrClosed
+	case <-g.dead:
+		return d.waitErr(g)
+	}
+}
+
+// opened re-arms the read deadline that the end of the handshake cleared,
+// so the drainer never sits in a read without a deadline once heartbeats
+// are on (it may already have been in that read when the deadline went).
+func (d *drainConn) opened() {
+	g := d.current()
+	if nc, ok := g.conn.(net.Conn); ok {
+		if interval := g.beatInterval(); interval > 0 {
+			_ = nc.SetReadDeadline(time.Now().Add(interval))
+		}
+	}
+}
+
+// closing wakes DrainEvents callers and arms the watchdog that bounds
+// Close.
+func (d *drainConn) closing() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.closeCalled {
+		close(d.closeCalledC)
+	}
+	d.closeCalled = true
+	g := d.gen
+	timeout := d.opts.CloseTimeout
+	d.watchdog = time.AfterFunc(timeout, func() {
+		if g.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
+			"close-ok not received within %s: socket closed", timeout)}) {
+			_ = g.conn.Close()
+		}
+	})
+}
+
+// shutdown runs first in Connection.shutdown: it records why, releases
+// every waiter, and closes the socket before upstream takes any lock, so a
+// publisher blocked in a write (holding ch.m and sendM) is freed and the
+// teardown that follows cannot deadlock on it.
+func (d *drainConn) shutdown(err *Error) {
+	d.mu.Lock()
+	g := d.gen
+	if err == nil && d.watchdog != nil {
+		d.watchdog.Stop()
+	}
+	d.mu.Unlock()
+	if g == nil {
+		return
+	}
+	d.c.closed.Store(true) // as upstream's first statement, before waiters wake
+	g.setDead(err)
+	_ = g.conn.Close()
+}
+
+// DrainEvents waits for the connection to make progress. In drainer mode it
+// returns nil once at least one frame has been dispatched after the call
+// started, ctx.Err() if ctx ends first, and otherwise the error that ended
+// the connection (ErrClosedIntentionally after Close). Other read modes
+// return an error wrapping errors.ErrUnsupported until they implement it.
+func (c *Connection) DrainEvents(ctx context.Context) error {
+	d, ok := c.rp.(*drainConn)
+	if !ok {
+		return fmt.Errorf("amqp: DrainEvents in read mode %q: %w", c.ReadMode(), errors.ErrUnsupported)
+	}
+	g := d.current()
+	if g == nil {
+		return ErrClosed
+	}
+	select {
+	case <-d.closeCalledC:
+		return ErrClosedIntentionally
+	case <-g.dead:
+		return d.waitErr(g)
+	default:
+	}
+	activity := g.activitySignal()
+	select {
+	case <-activity:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-d.closeCalledC:
+		return ErrClosedIntentionally
+	case <-g.dead:
+		return d.waitErr(g)
+	}
+}

@@ -1,0 +1,377 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"fmt"
+	"sync"
+)
+
+// How the drainer hands frames on without waiting for anyone.
+//
+// Channel-0 methods are handled on the drainer goroutine: replies go to a
+// buffered rpc chan, blocked/unblocked to mailboxes, and connection.close
+// ends reading while a short-lived goroutine writes close-ok and tears the
+// connection down, which releases every waiter with the broker's reason. Channel frames are queued, in order, for that
+// channel's dispatcher: a goroutine that exists only while the channel has
+// frames waiting. It assembles content and dispatches each message. It may
+// wait for the channel's lock or write to the socket (close-ok, flow-ok,
+// cancel-ok), which only ever delays that one channel, never the drainer or
+// another channel. Notifications go to mailboxes and are never dropped.
+
+// serialQueue runs jobs in order on a goroutine that exists only while
+// jobs are queued. Each job's cost is charged to the budget until it ran.
+type serialQueue struct {
+	budget *budget
+	// outer, when set, is the lock under which jobs are pushed; the queue
+	// takes it too when it finds itself empty, so that retired runs with
+	// no push in flight.
+	outer   *sync.Mutex
+	retired func() // runs under outer when the queue empties
+
+	mu      sync.Mutex
+	jobs    []queuedJob
+	running bool
+}
+
+type queuedJob struct {
+	run  func()
+	cost int64
+}
+
+// push queues a job, starting the queue's goroutine if it is not running.
+func (q *serialQueue) push(cost int64, run func()) {
+	q.budget.charge(cost)
+	q.mu.Lock()
+	q.jobs = append(q.jobs, queuedJob{run, cost})
+	start := !q.running
+	q.running = true
+	q.mu.Unlock()
+	if start {
+		go q.loop()
+	}
+}
+
+func (q *serialQueue) loop() {
+	for {
+		job, ok := q.pop()
+		if !ok {
+			return
+		}
+		job.run()
+		q.budget.release(job.cost)
+	}
+}
+
+func (q *serialQueue) pop() (queuedJob, bool) {
+	if q.outer != nil {
+		q.outer.Lock()
+		defer q.outer.Unlock()
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if len(q.jobs) == 0 {
+		q.running = false
+		if q.retired != nil {
+			q.retired()
+		}
+		return queuedJob{}, false
+	}
+	job := q.jobs[0]
+	q.jobs[0] = queuedJob{}
+	q.jobs = q.jobs[1:]
+	return job, true
+}
+
+// chanDispatcher is one channel's dispatcher: its queue, and the content
+// being assembled (touched only by queued jobs, which run one at a time).
+type chanDispatcher struct {
+	serialQueue
+	d  *drainConn
+	ch *Channel
+
+	state  assemblyState
+	msg    messageWithContent
+	header *headerFrame
+	body   []byte
+}
+
+type assemblyState int
+
+const (
+	awaitMethod assemblyState = iota
+	awaitHeader
+	awaitContent
+)
+
+// route hands one frame on. It reports true when the drainer must stop
+// reading: after connection.close, or after it failed the connection.
+func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
+	c := d.c
+	if f.channel() != 0 {
+		c.m.Lock()
+		ch, ok := c.channels[f.channel()]
+		if ok {
+			updateChannel(f, ch)
+		}
+		c.m.Unlock()
+		if !ok {
+			// dispatchClosed may write channel.close-ok.
+			d.conn0Work(func() { c.dispatchClosed(f) })
+			return false
+		}
+		d.dispatch(ch, f)
+		return false
+	}
+
+	mf, ok := f.(*methodFrame)
+	if !ok {
+		if _, beat := f.(*heartbeatFrame); beat {
+			return false
+		}
+		// Channel 0 carries only methods and heartbeats (spec 4.2.3).
+		go func() {
+			if err := c.closeWith(ErrUnexpectedFrame); err != nil {
+				Logger.Printf("error sending connection.close with ErrUnexpectedFrame, error: %+v", err)
+			}
+		}()
+		return false
+	}
+	switch m := mf.Method.(type) {
+	case *connectionClose:
+		// As upstream: close-ok goes out before the teardown releases the
+		// waiters (with the broker's reason), but it is written off the
+		// drainer, which stops reading: nothing may follow connection.close.
+		err := newError(m.ReplyCode, m.ReplyText)
+		d.conn0Work(func() {
+			if err := c.send(&methodFrame{ChannelId: 0, Method: &connectionCloseOk{}}); err != nil {
+				Logger.Printf("error sending connectionCloseOk, error: %+v", err)
+			}
+			c.shutdown(err)
+		})
+		return true
+	case *connectionBlocked:
+		d.notifyBlocks(Blocking{Active: true, Reason: m.Reason})
+	case *connectionUnblocked:
+		d.notifyBlocks(Blocking{Active: false})
+	default:
+		select {
+		case g.rpc <- m:
+		default:
+			d.fail(g, &Error{Code: UnexpectedFrame, Reason: fmt.Sprintf(
+				"unexpected %T on channel 0: %d replies already wait for a caller", m, connRPCCap)})
+			return true
+		}
+	}
+	return false
+}
+
+// conn0Work runs channel-0 work that may block (network writes, teardown)
+// in order, off the drainer.
+func (d *drainConn) conn0Work(job func()) {
+	d.mu.Lock()
+	if d.conn0 == nil {
+		d.conn0 = &serialQueue{budget: d.budget}
+	}
+	q := d.conn0
+	d.mu.Unlock()
+	q.push(frameCost, job)
+}
+
+// dispatch queues a channel frame for the channel's dispatcher.
+func (d *drainConn) dispatch(ch *Channel, f frame) {
+	cost := int64(frameCost)
+	if bf, ok := f.(*bodyFrame); ok {
+		cost += int64(len(bf.Body))
+	}
+	d.mu.Lock()
+	disp := d.dispatchers[ch]
+	if disp == nil {
+		disp = &chanDispatcher{d: d, ch: ch}
+		disp.budget = d.budget
+		disp.outer = &d.mu
+		disp.retired = func() {
+			// A closed channel's dispatcher goes once idle; if recovery
+			// reopens the channel, its frames start a new one.
+			if ch.IsClosed() {
+				delete(d.dispatchers, ch)
+			}
+		}
+		d.dispatchers[ch] = disp
+	}
+	disp.push(cost, func() { disp.handle(f) })
+	d.mu.Unlock()
+}
+
+// handle assembles content, as upstream's recvMethod, recvHeader and
+// recvContent do, and dispatches each complete message.
+func (disp *chanDispatcher) handle(f frame) {
+	switch fr := f.(type) {
+	case *methodFrame:
+		// A method interrupts content in progress (spec 4.2.6).
+		if msg, ok := fr.Method.(messageWithContent); ok {
+			disp.state, disp.msg, disp.header, disp.body = awaitHeader, msg, nil, nil
+			return
+		}
+		disp.state = awaitMethod
+		disp.d.dispatchMessage(disp.ch, fr.Method)
+
+	case *headerFrame:
+		if disp.state != awaitHeader {
+			disp.state = awaitMethod // drop and reset, as upstream
+			return
+		}
+		disp.header = fr
+		if fr.Size == 0 {
+			disp.complete(make([]byte, 0))
+			return
+		}
+		// Size the body from the header, but never trust it for more than
+		// one frame ahead: a forged size must not allocate by itself.
+		capacity := fr.Size
+		if limit := uint64(disp.d.c.maxFrameSize.Load()); limit > 0 && capacity > limit {
+			capacity = limit
+		} else if limit == 0 && capacity > maxUnlimitedFrame {
+			capacity = maxUnlimitedFrame
+		}
+		disp.body = make([]byte, 0, capacity)
+		disp.state = awaitContent
+
+	case *bodyFrame:
+		if disp.state != awaitContent {
+			disp.state = awaitMethod // drop and reset, as upstream
+			return
+		}
+		disp.body = append(disp.body, fr.Body...)
+		if uint64(len(disp.body)) >= disp.header.Size {
+			disp.complete(disp.body)
+		}
+	}
+}
+
+func (disp *chanDispatcher) complete(body []byte) {
+	msg := disp.msg
+	msg.setContent(disp.header.Properties, body)
+	disp.state, disp.msg, disp.header, disp.body = awaitMethod, nil, nil, nil
+	disp.d.dispatchMessage(disp.ch, msg)
+}
+
+// Notification costs charged to the budget while a value waits in a mailbox.
+func confirmationCost(Confirmation) int64 { return frameCost }
+func returnCost(r Return) int64           { return frameCost + int64(len(r.Body)) }
+func boolCost(bool) int64                 { return frameCost }
+func stringCost(s string) int64           { return frameCost + int64(len(s)) }
+func blockingCost(b Blocking) int64       { return frameCost + int64(len(b.Reason)) }
+
+// dispatchMessage is Channel.dispatch without its waits on users: the
+// notifications go to mailboxes, confirmations are resolved here,
+// deliveries are charged to the budget, and the rest (channel.close, RPC
+// replies) is upstream's dispatch.
+func (d *drainConn) dispatchMessage(ch *Channel, msg message) {
+	switch m := msg.(type) {
+	case *basicAck:
+		if ch.confirming.Load() {
+			d.confirm(ch, Confirmation{DeliveryTag: m.DeliveryTag, Ack: true}, m.Multiple)
+		}
+
+	case *basicNack:
+		if ch.confirming.Load() {
+			d.confirm(ch, Confirmation{DeliveryTag: m.DeliveryTag, Ack: false}, m.Multiple)
+		}
+
+	case *basicReturn:
+		ch.notifyM.RLock()
+		ls := ch.returns
+		ch.notifyM.RUnlock()
+		notifyEach(&d.mbs, ls, &ch.notifyM, &ch.noNotify, d.budget, returnCost, *newReturn(*m))
+
+	case *channelFlow:
+		ch.notifyM.RLock()
+		ls := ch.flows
+		ch.notifyM.RUnlock()
+		notifyEach(&d.mbs, ls, &ch.notifyM, &ch.noNotify, d.budget, boolCost, m.Active)
+		if err := ch.send(&channelFlowOk{Active: m.Active}); err != nil {
+			Logger.Printf("error sending channelFlowOk, channel id: %d error: %+v", ch.id, err)
+		}
+
+	case *basicCancel:
+		queueName, _ := ch.consumers.queueForTag(m.ConsumerTag)
+		ch.notifyM.RLock()
+		ls := ch.cancels
+		ch.notifyM.RUnlock()
+		notifyEach(&d.mbs, ls, &ch.notifyM, &ch.noNotify, d.budget, stringCost, m.ConsumerTag)
+		ch.consumers.cancel(m.ConsumerTag)
+		if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
+			// Serialised with publishes on this channel, as upstream.
+			ch.m.Lock()
+			if err := ch.send(&basicCancelOk{ConsumerTag: m.ConsumerTag}); err != nil {
+				Logger.Printf("error sending basicCancelOk, channel id: %d error: %+v", ch.id, err)
+			}
+			ch.m.Unlock()
+		}
+		if queueName != "" {
+			ch.connection.maybeDeleteRecordedAutoDeleteQueue(queueName)
+		}
+
+	case *basicDeliver:
+		ch.consumers.deliver(m.ConsumerTag, newDelivery(ch, m))
+
+	default:
+		ch.dispatch(msg)
+	}
+}
+
+// confirm settles publisher confirmations as upstream's confirms.One and
+// confirms.Multiple do: DeferredConfirmations resolve at once, and
+// listeners receive every confirmation in delivery-tag order (out-of-order
+// acks are held back until the gap fills). Unlike upstream, nothing waits
+// for a listener and nothing is dropped: the ordered batch goes to each
+// listener's mailbox.
+func (d *drainConn) confirm(ch *Channel, conf Confirmation, multiple bool) {
+	cf := ch.confirms
+	cf.m.Lock()
+	if multiple {
+		cf.deferredConfirmations.ConfirmMultiple(conf)
+	} else {
+		cf.deferredConfirmations.Confirm(conf)
+	}
+	var ordered []Confirmation
+	next := func(c Confirmation) {
+		delete(cf.sequencer, cf.expecting)
+		cf.expecting++
+		ordered = append(ordered, c)
+	}
+	if multiple {
+		for cf.expecting <= conf.DeliveryTag {
+			next(Confirmation{DeliveryTag: cf.expecting, Ack: conf.Ack})
+		}
+	} else if cf.expecting == conf.DeliveryTag {
+		next(conf)
+	} else {
+		cf.sequencer[conf.DeliveryTag] = conf
+	}
+	cf.publishedMut.Lock()
+	for cf.expecting <= cf.published {
+		held, found := cf.sequencer[cf.expecting]
+		if !found {
+			break
+		}
+		next(held)
+	}
+	cf.publishedMut.Unlock()
+	listeners := cf.listeners
+	cf.m.Unlock()
+
+	notifyEach(&d.mbs, listeners, &ch.notifyM, &ch.noNotify, d.budget, confirmationCost, ordered...)
+}
+
+// notifyBlocks queues connection.blocked/unblocked for NotifyBlocked
+// listeners.
+func (d *drainConn) notifyBlocks(b Blocking) {
+	c := d.c
+	c.m.Lock()
+	ls := c.blocks
+	c.m.Unlock()
+	notifyEach(&d.mbs, ls, &c.notifyM, &c.noNotify, d.budget, blockingCost, b)
+}
