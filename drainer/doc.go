@@ -14,8 +14,9 @@
 //     dropped while the listener is open (upstream drops one after 5 s).
 //     Replies that need a network write (close-ok, flow-ok, cancel-ok) are
 //     written by the channel's dispatcher, never by the drainer.
-//  3. Bounded memory. What waits for users counts against a budget
-//     (Options.Budget, 64 MiB by default); over it the drainer stops
+//  3. Bounded memory. What waits for users (queued frames, notifications,
+//     deliveries not yet received from a Consume chan) counts against a
+//     budget (Options.Budget, 64 MiB by default); over it the drainer stops
 //     reading the socket, which is TCP backpressure, and resumes below half
 //     of it, still sending heartbeats while paused.
 //  4. Frames. It reads whatever is available into its own buffer and
@@ -26,7 +27,10 @@
 //     heartbeat goes out only when nothing else was written in the
 //     interval, and never by waiting for the write lock. A broker silent
 //     for 1.5 × the negotiated heartbeat is declared dead.
-//  6. All waiters are released together, each with the same *amqp.Error.
+//  6. All waiters are released together, each with the same *amqp.Error:
+//     RPC callers on every channel, DrainEvents callers, DeferredConfirmation
+//     waiters (nacked), consumers (their chans close) and NotifyClose
+//     listeners.
 //  7. Intentional close. Waiters blocked when Close is called get
 //     amqp.ErrClosedIntentionally: errors.Is(err, amqp.ErrClosed) holds,
 //     and it is not Recoverable, so recovery does not redial.
@@ -34,9 +38,16 @@
 //     Options.CloseTimeout (5 s by default), the socket is closed, which
 //     also frees a publisher blocked in a write.
 //
-// Known gap: deliveries handed to a Consume channel are buffered by
-// upstream's per-consumer goroutine, which the budget does not yet cover;
-// use Qos with manual acks to bound them, as with upstream.
+// Two consequences to know:
+//
+//   - Backpressure is per connection. When a consumer stops reading and the
+//     budget fills, the drainer stops reading the whole socket, so replies
+//     and confirms for other channels of that connection wait too (the
+//     heartbeats do not). Give a publisher that must not wait on a slow
+//     consumer its own connection, as RabbitMQ advises anyway.
+//   - A NotifyClose listener gets the close error only if it has room for
+//     it when the channel or connection closes, as upstream: make it with a
+//     buffer of 1. The other listeners may be unbuffered and slow.
 //
 // Use it by dialling through this package, or by setting
 // amqp.Config.ReadPath to ReadPath(opts):

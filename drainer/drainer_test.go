@@ -438,3 +438,80 @@ func TestResetReleasesEveryWaiter(t *testing.T) {
 }
 
 func brokerURL(t *testing.T) string { return testenv.AMQPURL(t) }
+
+// TestUnreadCloseListenerStallsNobody: the broker closes channel A (a
+// passive declare of a missing queue) while A's NotifyClose listener goes
+// unread; channel B carries on, and A's listener holds the error for when
+// it is read. The listener has room for the one value, as upstream
+// requires: a NotifyClose listener without room gets nothing, in every
+// mode (see the package doc).
+func TestUnreadCloseListenerStallsNobody(t *testing.T) {
+	conn := dial(t, "", amqp.Config{})
+	chA := channel(t, conn)
+	closed := chA.NotifyClose(make(chan *amqp.Error, 1))
+	_, err := chA.QueueDeclarePassive("drainer-test-no-such-queue", false, false, false, false, nil)
+	var amqpErr *amqp.Error
+	if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.NotFound {
+		t.Fatalf("passive declare of a missing queue = %v, want 404", err)
+	}
+
+	busyChannelB(t, conn)
+	if conn.IsClosed() {
+		t.Fatal("the connection closed with channel A")
+	}
+	select {
+	case err := <-closed:
+		if err == nil || err.Code != amqp.NotFound {
+			t.Fatalf("A's NotifyClose = %v, want the 404", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("A's close notification never arrived")
+	}
+}
+
+// TestRecoveryKeepsDrainerMode: with upstream's automatic recovery on, a
+// reset connection comes back, still in drainer mode, with its channel
+// usable, and the intentional Close at the end is not mistaken for a
+// failure to recover from.
+func TestRecoveryKeepsDrainerMode(t *testing.T) {
+	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
+	conn := dial(t, proxy.URL(), amqp.Config{Recovery: &amqp.Recovery{
+		ReconnectionConfig: &amqp.ReconnectionConfig{MaxRetryCount: 20, RetryInterval: 200 * time.Millisecond},
+	}})
+	states := make(chan *amqp.StateChanged, 16)
+	conn.NotifyStateChange(states)
+	ch := channel(t, conn)
+
+	toxic := proxy.ResetPeer(toxi.Upstream, 0)
+	_ = ch.PublishWithContext(context.Background(), "", "", false, false, amqp.Publishing{}) // triggers the reset
+	waitState := func(want amqp.LifeCycleState) {
+		t.Helper()
+		for {
+			select {
+			case s := <-states:
+				if s.To == want {
+					return
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("the connection never reached state %v", want)
+			}
+		}
+	}
+	waitState(amqp.StateReconnecting)
+	proxy.RemoveToxic(toxic)
+	waitState(amqp.StateOpen)
+
+	if got := conn.ReadMode(); got != "drainer" {
+		t.Fatalf("ReadMode() after recovery = %q, want drainer", got)
+	}
+	q := exclusiveQueue(t, ch)
+	if _, err := ch.QueueDeclarePassive(q, false, true, true, false, nil); err != nil {
+		t.Fatalf("an RPC on the recovered channel: %v", err)
+	}
+	if err := conn.Close(); err != nil {
+		t.Fatalf("Close after recovery: %v", err)
+	}
+	if conn.IsRecoveryEnabled() {
+		t.Fatal("recovery is still enabled after an intentional Close")
+	}
+}

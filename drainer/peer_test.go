@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -227,4 +228,92 @@ func TestCloseUnderLoad(t *testing.T) {
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
 	t.Logf("%d closes under load: P50 %s, P95 %s, max %s", trials,
 		times[trials/2], times[trials*95/100], times[trials-1])
+}
+
+// TestBadFramesCloseTheConnectionWithAReason: an oversized frame and a
+// malformed one each close the connection with a FrameError (501) whose
+// reason says what was wrong; nothing panics and nothing leaks.
+func TestBadFramesCloseTheConnectionWithAReason(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		frame      func(frameMax uint32) []byte
+	}{
+		{"oversized", "exceeds the frame maximum", func(frameMax uint32) []byte {
+			return fakepeer.RawFrame(fakepeer.FrameBody, 1, make([]byte, frameMax))
+		}},
+		{"bad frame-end", "frame-end octet", func(uint32) []byte {
+			f := fakepeer.HeartbeatFrame()
+			f[len(f)-1] = 0
+			return f
+		}},
+		{"unknown frame type", "invalid frame type", func(uint32) []byte {
+			return fakepeer.RawFrame(42, 0, nil)
+		}},
+		{"garbled method", "malformed frame", func(uint32) []byte {
+			return fakepeer.MethodFrame(1, 60, 0xFFFF, []byte{1, 2, 3})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			peer := fakepeer.Listen(t)
+			peer.Serve(func(s *fakepeer.Session) error {
+				if _, err := s.AnswerChannelOpen(); err != nil {
+					return err
+				}
+				if err := s.Send(tc.frame(s.FrameMax())); err != nil {
+					return err
+				}
+				<-s.Done()
+				return nil
+			})
+			conn := dial(t, peer.URL(), amqp.Config{})
+			closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+			// The bad frame follows channel.open-ok at once: the channel
+			// may or may not open before the connection goes.
+			_, _ = conn.Channel()
+			select {
+			case err := <-closed:
+				if err == nil || err.Code != amqp.FrameError || !strings.Contains(err.Reason, tc.want) {
+					t.Fatalf("close error = %v, want a FrameError saying %q", err, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the connection survived a bad frame")
+			}
+		})
+	}
+}
+
+// TestProtocolErrorIsNotAnIntentionalClose: a content header on channel 0
+// makes the client close the connection itself (505 UNEXPECTED_FRAME).
+// That close is the library's, not the application's: a waiter sees the
+// 505, not ErrClosedIntentionally.
+func TestProtocolErrorIsNotAnIntentionalClose(t *testing.T) {
+	peer := fakepeer.Listen(t)
+	ready := make(chan struct{})
+	peer.Serve(func(s *fakepeer.Session) error {
+		<-ready
+		if err := s.Send(fakepeer.HeaderFrame(0, 60, 0, 0, nil)); err != nil {
+			return err
+		}
+		return s.AnswerClose()
+	})
+	conn := dial(t, peer.URL(), amqp.Config{})
+	drained := make(chan error, 1)
+	go func() {
+		for {
+			if err := conn.DrainEvents(context.Background()); err != nil {
+				drained <- err
+				return
+			}
+		}
+	}()
+	close(ready)
+	select {
+	case err := <-drained:
+		var amqpErr *amqp.Error
+		if errors.Is(err, amqp.ErrClosedIntentionally) || !errors.As(err, &amqpErr) || amqpErr.Code != amqp.UnexpectedFrame {
+			t.Fatalf("DrainEvents after a protocol error = %v, want the 505 UNEXPECTED_FRAME", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the protocol error did not end the connection")
+	}
 }

@@ -130,10 +130,13 @@ type drainConn struct {
 
 	mu          sync.Mutex
 	gen         *drainGen
-	closeCalled bool        // Close was called: waiters get ErrClosedIntentionally
-	watchdog    *time.Timer // bounds Close
-	dispatchers map[*Channel]*chanDispatcher
-	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
+	closeCalled bool // Close was called: waiters get ErrClosedIntentionally
+	// protocolClosing marks the close that follows as ours, not the
+	// application's (closeWith after a protocol error).
+	protocolClosing bool
+	watchdog        *time.Timer // bounds Close
+	dispatchers     map[*Channel]*chanDispatcher
+	conn0           *serialQueue // channel-0 work that may block (close-ok replies)
 }
 
 // drainGen is one connection generation: one socket, one drainer goroutine.
@@ -151,8 +154,7 @@ type drainGen struct {
 	lastBeat  uint64        // sent at the previous heartbeat check
 	beatReady chan struct{} // closed when the heartbeat interval is known
 
-	activityM sync.Mutex
-	activity  chan struct{} // closed after frames are dispatched; nil while nobody waits
+	activity activity // wakes DrainEvents after frames are dispatched
 }
 
 func (d *drainConn) mode() string { return "drainer" }
@@ -160,6 +162,8 @@ func (d *drainConn) mode() string { return "drainer" }
 func (d *drainConn) rpcCap() int { return chanRPCCap }
 
 func (d *drainConn) deliveryBudget() *budget { return d.budget }
+
+func (d *drainConn) confirmWaiter() confirmPump { return nil }
 
 func (d *drainConn) current() *drainGen {
 	d.mu.Lock()
@@ -286,7 +290,7 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 				return
 			}
 		}
-		g.signalActivity()
+		g.activity.signal()
 
 		interval := g.beatInterval()
 		if over, below := d.budget.over(); over {
@@ -418,27 +422,6 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 	}
 }
 
-// signalActivity wakes DrainEvents callers after frames were dispatched.
-// With nobody waiting it costs one uncontended lock.
-func (g *drainGen) signalActivity() {
-	g.activityM.Lock()
-	if g.activity != nil {
-		close(g.activity)
-		g.activity = nil
-	}
-	g.activityM.Unlock()
-}
-
-// activitySignal returns a chan closed after the next dispatched frames.
-func (g *drainGen) activitySignal() <-chan struct{} {
-	g.activityM.Lock()
-	defer g.activityM.Unlock()
-	if g.activity == nil {
-		g.activity = make(chan struct{})
-	}
-	return g.activity
-}
-
 // connCall waits for a channel-0 reply, or for the generation to end.
 func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) error {
 	g := d.current()
@@ -497,10 +480,14 @@ func (d *drainConn) opened() {
 func (d *drainConn) closing() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.closeCalled {
-		close(d.closeCalledC)
+	if d.protocolClosing {
+		d.protocolClosing = false
+	} else {
+		if !d.closeCalled {
+			close(d.closeCalledC)
+		}
+		d.closeCalled = true
 	}
-	d.closeCalled = true
 	g := d.gen
 	timeout := d.opts.CloseTimeout
 	d.watchdog = time.AfterFunc(timeout, func() {
@@ -530,16 +517,8 @@ func (d *drainConn) shutdown(err *Error) {
 	_ = g.conn.Close()
 }
 
-// DrainEvents waits for the connection to make progress. In drainer mode it
-// returns nil once at least one frame has been dispatched after the call
-// started, ctx.Err() if ctx ends first, and otherwise the error that ended
-// the connection (ErrClosedIntentionally after Close). Other read modes
-// return an error wrapping errors.ErrUnsupported until they implement it.
-func (c *Connection) DrainEvents(ctx context.Context) error {
-	d, ok := c.rp.(*drainConn)
-	if !ok {
-		return fmt.Errorf("amqp: DrainEvents in read mode %q: %w", c.ReadMode(), errors.ErrUnsupported)
-	}
+// drainEvents is DrainEvents in drainer mode.
+func (d *drainConn) drainEvents(ctx context.Context) error {
 	g := d.current()
 	if g == nil {
 		return ErrClosed
@@ -551,9 +530,8 @@ func (c *Connection) DrainEvents(ctx context.Context) error {
 		return d.waitErr(g)
 	default:
 	}
-	activity := g.activitySignal()
 	select {
-	case <-activity:
+	case <-g.activity.wait():
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()

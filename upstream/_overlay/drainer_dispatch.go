@@ -117,8 +117,7 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 		}
 		c.m.Unlock()
 		if !ok {
-			// dispatchClosed may write channel.close-ok.
-			d.conn0Work(func() { c.dispatchClosed(f) })
+			d.conn0Work(func() { d.dispatchClosed(f) })
 			return false
 		}
 		d.dispatch(ch, f)
@@ -131,11 +130,7 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 			return false
 		}
 		// Channel 0 carries only methods and heartbeats (spec 4.2.3).
-		go func() {
-			if err := c.closeWith(ErrUnexpectedFrame); err != nil {
-				Logger.Printf("error sending connection.close with ErrUnexpectedFrame, error: %+v", err)
-			}
-		}()
+		d.conn0Work(func() { d.protocolClose(ErrUnexpectedFrame) })
 		return false
 	}
 	switch m := mf.Method.(type) {
@@ -165,6 +160,37 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 		}
 	}
 	return false
+}
+
+// dispatchClosed is upstream's Connection.dispatchClosed for a frame on a
+// channel that is not open: answer channel.close, ignore close-ok and
+// content, and close the connection on any other method.
+func (d *drainConn) dispatchClosed(f frame) {
+	mf, ok := f.(*methodFrame)
+	if !ok {
+		return
+	}
+	switch mf.Method.(type) {
+	case *channelClose:
+		if err := d.c.send(&methodFrame{ChannelId: f.channel(), Method: &channelCloseOk{}}); err != nil {
+			Logger.Printf("error sending channelCloseOk, channel id: %d error: %+v", f.channel(), err)
+		}
+	case *channelCloseOk:
+	default:
+		d.protocolClose(ErrClosed)
+	}
+}
+
+// protocolClose closes the connection because the broker broke the
+// protocol. It goes through upstream's closeWith, whose close is not the
+// application's: waiters must get err, not ErrClosedIntentionally.
+func (d *drainConn) protocolClose(err *Error) {
+	d.mu.Lock()
+	d.protocolClosing = true
+	d.mu.Unlock()
+	if cerr := d.c.closeWith(err); cerr != nil {
+		Logger.Printf("error closing the connection with %v: %+v", err, cerr)
+	}
 }
 
 // conn0Work runs channel-0 work that may block (network writes, teardown)

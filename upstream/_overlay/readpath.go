@@ -4,8 +4,10 @@
 package amqp091
 
 import (
+	"context"
 	"io"
 	"reflect"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,11 +29,15 @@ import (
 //     rpcCap, so a read path can hand replies over without blocking, and
 //     newChannel ties the consumer buffers to the read path's budget
 //     (consumerbudget.go).
-//  5. openComplete calls opened after it has cleared the socket's
+//  5. DeferredConfirmation.Wait and WaitContext call the read path's
+//     confirm pump, if it has one, so they can read frames themselves.
+//  6. openComplete calls opened after it has cleared the socket's
 //     deadlines at the end of the handshake.
-//  6. beginClose calls closing once a close has been initiated, before it
+//  7. beginClose calls closing once a close has been initiated, before it
 //     waits for an in-flight Reconnect.
-//  7. shutdown calls the read path's shutdown first, before it takes any lock.
+//  8. shutdown calls the read path's shutdown first, before it takes any lock.
+//  9. upstream's reader signals Connection.dispatched after each frame, so
+//     DrainEvents works in upstream mode too.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames.
 //
@@ -82,10 +88,17 @@ type readPath interface {
 	// upstream cleared the socket's read and write deadlines.
 	opened()
 
+	// confirmWaiter returns what DeferredConfirmation.Wait and WaitContext
+	// call to read frames while they wait, or nil when someone else reads.
+	confirmWaiter() confirmPump
+
 	// closing runs once Close, CloseDeadline or closeWith has initiated the
 	// close, and before it waits for an in-flight Reconnect or sends
 	// connection.close.
 	closing()
+
+	// drainEvents is Connection.DrainEvents in this read mode.
+	drainEvents(ctx context.Context) error
 
 	// shutdown runs first in every call of Connection.shutdown, with the
 	// same error (nil for an intentional close), before any lock is taken.
@@ -137,6 +150,50 @@ func (c *Connection) startHeartbeater(interval time.Duration, done chan struct{}
 	go c.heartbeater(interval, done)
 }
 
+// rpOpened, rpClosing and rpShutdown are the hooks in openComplete,
+// beginClose and shutdown; each does nothing without a read path.
+func (c *Connection) rpOpened() {
+	if c.rp != nil {
+		c.rp.opened()
+	}
+}
+
+func (c *Connection) rpClosing() {
+	if c.rp != nil {
+		c.rp.closing()
+	}
+}
+
+func (c *Connection) rpShutdown(err *Error) {
+	if c.rp != nil {
+		c.rp.shutdown(err)
+	}
+}
+
+// confirmPump reads frames until done is closed or ctx ends; it returns
+// ctx.Err() in the latter case.
+type confirmPump func(ctx context.Context, done <-chan struct{}) error
+
+// confirmPump is what a new DeferredConfirmation calls while waiting.
+func (c *Connection) confirmPump() confirmPump {
+	if c.rp == nil {
+		return nil
+	}
+	return c.rp.confirmWaiter()
+}
+
+// pumpUntilDone reads frames while waiting for the confirmation, in a read
+// mode where nobody else does. It returns an error only when ctx ended.
+func (d *DeferredConfirmation) pumpUntilDone(ctx context.Context) error {
+	if d.pump == nil {
+		return nil
+	}
+	if err := d.pump(ctx, d.done); err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return nil
+}
+
 // rpcCap is the capacity of a channel's rpc chan: 0, as upstream, unless the
 // read path asks for a buffer. Tests build channels on a nil or bare
 // Connection, so it must not assume either.
@@ -157,4 +214,69 @@ func matchReply(msg message, res []message) error {
 		}
 	}
 	return ErrCommandInvalid
+}
+
+// activity wakes goroutines waiting for the next dispatched frames. With
+// nobody waiting, signal is one atomic load: it sits on upstream's reader
+// loop, once per frame.
+type activity struct {
+	waiters atomic.Pointer[chan struct{}]
+}
+
+// signal wakes everyone waiting on the chan from wait.
+func (a *activity) signal() {
+	if a.waiters.Load() == nil {
+		return
+	}
+	if p := a.waiters.Swap(nil); p != nil {
+		close(*p)
+	}
+}
+
+// wait returns a chan closed at the next signal.
+func (a *activity) wait() <-chan struct{} {
+	for {
+		if p := a.waiters.Load(); p != nil {
+			return *p
+		}
+		ch := make(chan struct{})
+		if a.waiters.CompareAndSwap(nil, &ch) {
+			return ch
+		}
+	}
+}
+
+// DrainEvents waits for the connection to make progress. It returns nil
+// once at least one frame has been dispatched after the call started,
+// ctx.Err() if ctx ends first (errors.Is matches context.DeadlineExceeded
+// or context.Canceled), and otherwise the error that ended the connection:
+// in drainer mode the *Error every waiter sees, or ErrClosedIntentionally
+// after Close; in upstream mode ErrClosed.
+//
+// In upstream and drainer modes a goroutine of the connection reads the
+// socket whether or not anyone calls DrainEvents: it is a way to wait for
+// traffic, not a requirement.
+func (c *Connection) DrainEvents(ctx context.Context) error {
+	if c.rp == nil {
+		return c.drainUpstream(ctx)
+	}
+	return c.rp.drainEvents(ctx)
+}
+
+// drainUpstream is DrainEvents for upstream's reader goroutine.
+func (c *Connection) drainUpstream(ctx context.Context) error {
+	c.m.Lock()
+	done := c.close
+	c.m.Unlock()
+	if done == nil || c.IsClosed() {
+		return ErrClosed
+	}
+	select {
+	case <-c.dispatched.wait():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-done:
+		return ErrClosed
+	}
 }

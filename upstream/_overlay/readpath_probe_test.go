@@ -4,6 +4,7 @@
 package amqp091
 
 import (
+	"context"
 	"io"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,8 @@ func (p *seamProbeConn) heartbeater(time.Duration, chan struct{}) bool {
 func (p *seamProbeConn) rpcCap() int { return 0 }
 
 func (p *seamProbeConn) deliveryBudget() *budget { return nil }
+
+func (p *seamProbeConn) confirmWaiter() confirmPump { return nil }
 
 // connCall waits exactly as upstream's Connection.call does.
 func (p *seamProbeConn) connCall(errors chan *Error, rpc chan message, res []message) error {
@@ -86,5 +89,8 @@ func (p *seamProbeConn) chanCall(_ *Channel, errors chan *Error, rpc chan messag
 func (p *seamProbeConn) opened() { p.openeds.Add(1) }
 
 func (p *seamProbeConn) closing() { p.closings.Add(1) }
+
+// drainEvents: the probe runs upstream's reader, which signals dispatches.
+func (p *seamProbeConn) drainEvents(ctx context.Context) error { return p.c.drainUpstream(ctx) }
 
 func (p *seamProbeConn) shutdown(*Error) { p.shutdowns.Add(1) }

@@ -4,8 +4,10 @@
 package amqp091
 
 import (
+	"context"
 	"errors"
 	"testing"
+	"time"
 )
 
 func TestReadModeOfBareConnectionIsUpstream(t *testing.T) {
@@ -93,5 +95,52 @@ func TestMatchReplyRejectsUnexpectedType(t *testing.T) {
 	}
 	if err := matchReply(&connectionOpenOk{}, []message{&ok}); err != nil {
 		t.Fatalf("matchReply = %v, want nil", err)
+	}
+}
+
+// TestDrainEventsWaitsForAFrame runs in whichever read mode the suite is
+// forced into: upstream by default.
+func TestDrainEventsWaitsForAFrame(t *testing.T) {
+	rwc, srv := newSession(t)
+	t.Cleanup(func() { rwc.Close() })
+	go srv.connectionOpen()
+	c, err := Open(rwc, defaultConfig())
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := c.DrainEvents(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("DrainEvents with nothing to read = %v, want context.DeadlineExceeded", err)
+	}
+
+	drained := make(chan error, 1)
+	go func() { drained <- c.DrainEvents(context.Background()) }()
+	// Heartbeats keep coming until DrainEvents has seen one: it may not be
+	// waiting yet when the first arrives.
+	for done := false; !done; {
+		if err := srv.w.WriteFrame(&heartbeatFrame{}); err != nil {
+			t.Fatalf("writing a heartbeat: %v", err)
+		}
+		select {
+		case err := <-drained:
+			if err != nil {
+				t.Fatalf("DrainEvents after a heartbeat = %v, want nil", err)
+			}
+			done = true
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+
+	go func() {
+		srv.recv(0, &connectionClose{})
+		srv.send(0, &connectionCloseOk{})
+	}()
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if err := c.DrainEvents(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("DrainEvents after Close = %v, want an ErrClosed", err)
 	}
 }
