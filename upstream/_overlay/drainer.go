@@ -286,11 +286,14 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 				return
 			}
+			// Counted before routing: a caller woken by this frame (a reply)
+			// must not take it for progress made after its DrainEvents began.
+			g.activity.frames.Add(1)
 			if stop := d.route(g, f); stop {
 				return
 			}
 		}
-		g.activity.signal()
+		g.activity.wake()
 
 		interval := g.beatInterval()
 		if over, below := d.budget.over(); over {
@@ -523,6 +526,7 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 	if g == nil {
 		return ErrClosed
 	}
+	seen := g.activity.frames.Load()
 	select {
 	case <-d.closeCalledC:
 		return ErrClosedIntentionally
@@ -530,14 +534,18 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 		return d.waitErr(g)
 	default:
 	}
-	select {
-	case <-g.activity.wait():
+	err := g.activity.waitFrames(ctx, seen, g.dead, d.closeCalledC)
+	switch {
+	case err == nil:
 		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-d.closeCalledC:
-		return ErrClosedIntentionally
-	case <-g.dead:
-		return d.waitErr(g)
+	case errors.Is(err, errEnded):
+		select {
+		case <-d.closeCalledC:
+			return ErrClosedIntentionally
+		default:
+			return d.waitErr(g)
+		}
+	default:
+		return err
 	}
 }

@@ -5,6 +5,7 @@ package amqp091
 
 import (
 	"context"
+	"errors"
 	"io"
 	"reflect"
 	"sync/atomic"
@@ -216,15 +217,22 @@ func matchReply(msg message, res []message) error {
 	return ErrCommandInvalid
 }
 
-// activity wakes goroutines waiting for the next dispatched frames. With
-// nobody waiting, signal is one atomic load: it sits on upstream's reader
-// loop, once per frame.
+// activity counts dispatched frames and wakes goroutines waiting for more.
+// With nobody waiting, signal costs an atomic add and load: it sits on
+// upstream's reader loop, once per frame.
 type activity struct {
+	frames  atomic.Uint64
 	waiters atomic.Pointer[chan struct{}]
 }
 
-// signal wakes everyone waiting on the chan from wait.
+// signal counts a frame that has been dispatched and wakes the waiters.
 func (a *activity) signal() {
+	a.frames.Add(1)
+	a.wake()
+}
+
+// wake wakes everyone waiting on a chan from wait.
+func (a *activity) wake() {
 	if a.waiters.Load() == nil {
 		return
 	}
@@ -233,7 +241,7 @@ func (a *activity) signal() {
 	}
 }
 
-// wait returns a chan closed at the next signal.
+// wait returns a chan closed at the next wake.
 func (a *activity) wait() <-chan struct{} {
 	for {
 		if p := a.waiters.Load(); p != nil {
@@ -245,6 +253,30 @@ func (a *activity) wait() <-chan struct{} {
 		}
 	}
 }
+
+// waitFrames waits until more than seen frames have been counted. It
+// returns ctx.Err() if ctx ends first, or errEnded if end or stop (either
+// may be nil) is closed first.
+func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan struct{}) error {
+	for {
+		woken := a.wait() // before the check, so no wake is lost
+		if a.frames.Load() > seen {
+			return nil
+		}
+		select {
+		case <-woken:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-end:
+			return errEnded
+		case <-stop:
+			return errEnded
+		}
+	}
+}
+
+// errEnded is waitFrames' report that its end chan closed.
+var errEnded = errors.New("amqp: the wait ended")
 
 // DrainEvents waits for the connection to make progress. It returns nil
 // once at least one frame has been dispatched after the call started,
@@ -263,7 +295,9 @@ func (c *Connection) DrainEvents(ctx context.Context) error {
 	return c.rp.drainEvents(ctx)
 }
 
-// drainUpstream is DrainEvents for upstream's reader goroutine.
+// drainUpstream is DrainEvents for upstream's reader goroutine. Upstream's
+// reader counts a frame after dispatching it, so a frame whose dispatch
+// woke the caller just before the call may count as progress.
 func (c *Connection) drainUpstream(ctx context.Context) error {
 	c.m.Lock()
 	done := c.close
@@ -271,12 +305,9 @@ func (c *Connection) drainUpstream(ctx context.Context) error {
 	if done == nil || c.IsClosed() {
 		return ErrClosed
 	}
-	select {
-	case <-c.dispatched.wait():
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-done:
+	err := c.dispatched.waitFrames(ctx, c.dispatched.frames.Load(), done, nil)
+	if errors.Is(err, errEnded) {
 		return ErrClosed
 	}
+	return err
 }

@@ -4,8 +4,11 @@
 package amqp091
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"os"
+	"time"
 )
 
 // testReadModeEnv forces a read mode on every connection that this package's
@@ -22,7 +25,54 @@ func init() {
 		defaultReadPath = seamProbe{}
 	case "drainer":
 		defaultReadPath = Drainer(DrainerOptions{})
+	case "legacy":
+		defaultReadPath = Legacy(LegacyOptions{})
+	case "legacy-autodrain":
+		defaultReadPath = legacyAutoDrain{}
 	default:
-		panic(fmt.Sprintf("%s=%q: want one of upstream, seam-probe, drainer", testReadModeEnv, mode))
+		panic(fmt.Sprintf("%s=%q: want one of upstream, seam-probe, drainer, legacy, legacy-autodrain", testReadModeEnv, mode))
+	}
+}
+
+// legacyAutoDrain is legacy mode plus what a legacy application must add to
+// receive deliveries, confirms and notifications: a goroutine that loops
+// DrainEvents with a short timeout. Upstream's tests expect those to arrive
+// without anyone draining, so this is the variant that runs most of them.
+type legacyAutoDrain struct{}
+
+func (legacyAutoDrain) Mode() string { return "legacy" }
+
+func (legacyAutoDrain) attach(c *Connection) readPath {
+	l := Legacy(LegacyOptions{}).attach(c).(*legacyConn)
+	go autoDrain(c, l)
+	return l
+}
+
+// autoDrain drains until the connection is closed for good.
+func autoDrain(c *Connection, l *legacyConn) {
+	// attach runs just before start sets up the first generation.
+	for tick := time.NewTicker(time.Millisecond); l.current() == nil; {
+		<-tick.C
+	}
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := l.drain(ctx)
+		cancel()
+		switch {
+		case err == nil, errors.Is(err, context.DeadlineExceeded):
+		case errors.Is(err, ErrClosedIntentionally):
+			// Over io.Pipe nothing is buffered: keep reading alongside
+			// Close until the end, or a peer writing to us would block the
+			// close handshake.
+			if g := l.current(); g != nil {
+				_, _ = l.await(context.WithValue(context.Background(), closerKey{}, true), g, nil, nil, g.dead)
+			}
+			return
+		case !c.IsRecoveryEnabled():
+			return
+		default:
+			// Failed with recovery on: wait for the next generation.
+			<-time.After(10 * time.Millisecond)
+		}
 	}
 }

@@ -1,0 +1,515 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// Legacy (caller-drives-read) mode, as py-amqp, rabbitmq-c and pika's
+// BlockingConnection read the socket.
+//
+//  1. No background goroutines: nothing reads the socket or sends
+//     heartbeats unless the application calls in.
+//  2. One transport lock guards the socket, for reads and writes alike. A
+//     goroutine that needs a frame takes the read turn, reads under the
+//     transport lock, and dispatches what it read, in order, before giving
+//     the turn back. An RPC caller pumps frames this way until its own
+//     reply arrives, unless the goroutine holding the turn delivers it
+//     first: then it returns without ever reading. Waiters park on chans.
+//  3. DrainEvents reads and dispatches at least one frame, then everything
+//     already complete in the buffer. When its ctx ends first it returns
+//     ctx.Err() and keeps the partial frame for the next call.
+//  4. Writes, publishes included, take the transport lock: a publish waits
+//     while another goroutine sits in a blocking read. (On a transport
+//     without read deadlines, such as io.Pipe, reads cannot be cut short,
+//     so there the lock covers writes only, and a read ignores ctx until
+//     bytes arrive.)
+//  5. Heartbeats are sent and checked only while the application calls in.
+//  6. Close never holds the transport lock while it waits for close-ok: it
+//     interrupts a blocked reader, wakes DrainEvents callers with
+//     ErrClosedIntentionally, and pumps for close-ok itself.
+//  7. DeferredConfirmation.Wait and WaitContext pump frames themselves.
+//  8. A read error shuts the connection down; every waiter finds out on its
+//     next turn.
+
+// LegacyOptions tune legacy mode. The zero value is ready to use.
+type LegacyOptions struct {
+	// CloseTimeout bounds how long Close waits for close-ok before it
+	// closes the socket. Zero means 5 seconds.
+	CloseTimeout time.Duration
+}
+
+// Legacy returns the ReadPath of legacy (caller-drives-read) mode; set it
+// as Config.ReadPath.
+func Legacy(opts LegacyOptions) ReadPath {
+	if opts.CloseTimeout <= 0 {
+		opts.CloseTimeout = defaultDrainerCloseTimeout
+	}
+	return legacyMode{opts}
+}
+
+type legacyMode struct{ opts LegacyOptions }
+
+func (legacyMode) Mode() string { return "legacy" }
+
+func (m legacyMode) attach(c *Connection) readPath {
+	return &legacyConn{
+		c:            c,
+		opts:         m.opts,
+		turn:         make(chan struct{}, 1),
+		closeCalledC: make(chan struct{}),
+	}
+}
+
+// legacyConn is the legacy read path of one Connection.
+type legacyConn struct {
+	c    *Connection
+	opts LegacyOptions
+
+	// turn is held (a value sent into it) by the goroutine that reads and
+	// dispatches; a chan so that waiting for it can be a select.
+	turn chan struct{}
+	// transport is held across every socket read and write.
+	transport sync.Mutex
+
+	closeCalledC chan struct{}
+
+	mu          sync.Mutex
+	gen         *legacyGen
+	closeCalled bool
+	watchdog    *time.Timer
+}
+
+// legacyGen is one connection generation. Its reading state is owned by the
+// holder of the turn.
+type legacyGen struct {
+	conn     io.ReadWriteCloser
+	rpc      chan message
+	split    *frameSplitter
+	interval time.Duration // heartbeat send interval, 0 for none; guarded by the transport lock
+	lastSent time.Time     // guarded by the transport lock
+	opened   bool          // handshake done; guarded by the transport lock
+
+	deadOnce sync.Once
+	dead     chan struct{}
+	err      *Error
+}
+
+func (l *legacyConn) mode() string                          { return "legacy" }
+func (l *legacyConn) rpcCap() int                           { return chanRPCCap }
+func (l *legacyConn) deliveryBudget() *budget               { return nil }
+func (l *legacyConn) confirmWaiter() confirmPump            { return l.waitConfirm }
+func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
+
+// opened: from now on every read sets its own deadline (before, the dial's
+// handshake deadline stands).
+func (l *legacyConn) opened() {
+	g := l.current()
+	l.transport.Lock()
+	g.opened = true
+	l.transport.Unlock()
+}
+
+func (l *legacyConn) current() *legacyGen {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.gen
+}
+
+// start prepares a generation; nothing runs until someone calls in.
+func (l *legacyConn) start(conn io.ReadWriteCloser) {
+	g := &legacyGen{
+		conn:     conn,
+		rpc:      make(chan message, connRPCCap),
+		split:    newFrameSplitter(&l.c.maxFrameSize),
+		lastSent: time.Now(),
+		dead:     make(chan struct{}),
+	}
+	l.mu.Lock()
+	l.gen = g
+	l.mu.Unlock()
+	l.c.sendM.Lock()
+	l.c.writer = &writer{bufio.NewWriter(&lockedWriter{l: l, g: g})}
+	l.c.sendM.Unlock()
+	l.c.m.Lock()
+	l.c.rpc = g.rpc
+	l.c.m.Unlock()
+}
+
+// lockedWriter makes every write to the socket take the transport lock.
+type lockedWriter struct {
+	l *legacyConn
+	g *legacyGen
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.l.transport.Lock()
+	defer w.l.transport.Unlock()
+	n, err := w.g.conn.Write(p)
+	if n > 0 {
+		w.g.lastSent = time.Now()
+	}
+	return n, err
+}
+
+// heartbeater: no goroutine; heartbeats are sent while the application
+// calls in.
+func (l *legacyConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
+	g := l.current()
+	l.transport.Lock()
+	g.interval = interval
+	l.transport.Unlock()
+	return true
+}
+
+func (g *legacyGen) setDead(err *Error) bool {
+	first := false
+	g.deadOnce.Do(func() {
+		g.err = err
+		close(g.dead)
+		first = true
+	})
+	return first
+}
+
+func (l *legacyConn) waitErr(g *legacyGen) error {
+	if g.err != nil {
+		return g.err
+	}
+	l.mu.Lock()
+	closeCalled := l.closeCalled
+	l.mu.Unlock()
+	if closeCalled {
+		return ErrClosedIntentionally
+	}
+	return ErrClosed
+}
+
+func (g *legacyGen) isDead() bool {
+	select {
+	case <-g.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// errInterrupted reports a read cut short on purpose: by Close, or by a
+// heartbeat due while waiting.
+var errInterrupted = errors.New("amqp: read interrupted")
+
+// pump reads until one complete frame is buffered, then dispatches every
+// complete frame. The caller holds the turn. It returns ctx.Err() if ctx
+// ends before a frame is complete, keeping what was read.
+func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
+	for {
+		raw, err := g.split.next()
+		if err != nil {
+			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+			return l.waitErr(g)
+		}
+		if raw != nil {
+			return l.dispatchBuffered(g, raw)
+		}
+		if g.isDead() {
+			return l.waitErr(g)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if err := l.readOnce(ctx, g); err != nil && !errors.Is(err, errInterrupted) {
+			return err
+		}
+	}
+}
+
+// dispatchBuffered dispatches raw and every other complete frame buffered.
+func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
+	for raw != nil {
+		f, err := (&reader{r: bytes.NewReader(raw)}).ReadFrame()
+		if err != nil {
+			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
+			return l.waitErr(g)
+		}
+		l.c.demux(f)
+		if g.isDead() {
+			return nil // the frame was connection.close, or teardown ran
+		}
+		if raw, err = g.split.next(); err != nil {
+			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+			return l.waitErr(g)
+		}
+	}
+	return nil
+}
+
+// readOnce reads once under the transport lock, with a deadline that
+// honours ctx and the heartbeat interval, and does the heartbeat duty that
+// falls due while the application is calling in. It returns errInterrupted
+// when the read ended early for a reason that only asks for another try.
+func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
+	nc, isNet := g.conn.(net.Conn)
+	var stop func() bool
+	if isNet && ctx.Done() != nil {
+		// Cancellation without a deadline interrupts the read too.
+		stop = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
+	}
+	// The transport lock is held across the read only where a deadline
+	// can end it: a transport without deadlines (io.Pipe in tests) would
+	// otherwise block every writer until the peer speaks, and the peer may
+	// be waiting for one of those writes.
+	l.transport.Lock()
+	interval := g.interval
+	if !isNet {
+		l.transport.Unlock()
+	}
+	if isNet {
+		deadline, hasDeadline := ctx.Deadline()
+		if interval > 0 {
+			if beat := g.lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
+				deadline, hasDeadline = beat, true
+			}
+		}
+		if hasDeadline || g.opened {
+			_ = nc.SetReadDeadline(deadline) // zero: no deadline
+		}
+		if l.isClosing() && !isCloser(ctx) {
+			// Close may have interrupted the read before this deadline
+			// replaced its own: interrupt it again.
+			_ = nc.SetReadDeadline(time.Now())
+		}
+	}
+	start := time.Now()
+	_, err := g.split.fill(g.conn)
+	if isNet {
+		l.transport.Unlock()
+	}
+	if stop != nil {
+		stop()
+	}
+	switch {
+	case err == nil:
+		return nil
+	case g.isDead():
+		return l.waitErr(g)
+	case !errors.Is(err, errDeadline):
+		l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+		return l.waitErr(g)
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case l.isClosing() && !isCloser(ctx):
+		return ErrClosedIntentionally
+	case interval > 0:
+		if silent := time.Since(start); silent >= 3*interval {
+			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf(
+				"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
+				silent.Round(time.Millisecond), 2*interval)})
+			return l.waitErr(g)
+		}
+		l.beat(g, interval)
+	}
+	return errInterrupted
+}
+
+// beat sends a heartbeat if nothing was written for an interval.
+func (l *legacyConn) beat(g *legacyGen, interval time.Duration) {
+	l.transport.Lock()
+	due := time.Since(g.lastSent) >= interval
+	l.transport.Unlock()
+	if due {
+		_ = l.c.send(&heartbeatFrame{})
+	}
+}
+
+func (l *legacyConn) isClosing() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.closeCalled
+}
+
+// closerKey marks the ctx of Close's own pumping, which an interrupted
+// read must not turn into ErrClosedIntentionally.
+type closerKey struct{}
+
+func isCloser(ctx context.Context) bool { return ctx.Value(closerKey{}) != nil }
+
+// fail shuts the connection down after a read error, from the goroutine
+// that found it.
+func (l *legacyConn) fail(g *legacyGen, err *Error) {
+	l.c.closed.Store(true)
+	if !g.setDead(err) {
+		return
+	}
+	_ = g.conn.Close()
+	l.c.shutdown(err)
+}
+
+func (l *legacyConn) releaseTurn() { <-l.turn }
+
+// drain is DrainEvents in legacy mode.
+func (l *legacyConn) drain(ctx context.Context) error {
+	g := l.current()
+	if g == nil {
+		return ErrClosed
+	}
+	for {
+		select {
+		case <-l.closeCalledC:
+			return ErrClosedIntentionally
+		case <-ctx.Done():
+			return ctx.Err()
+		case l.turn <- struct{}{}:
+		}
+		err := l.pump(ctx, g)
+		l.releaseTurn()
+		if errors.Is(err, errInterrupted) {
+			continue
+		}
+		return err
+	}
+}
+
+// await pumps until done is closed (a reply, a confirmation) or the
+// generation ends. It returns nil when done closed.
+func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
+	for {
+		select {
+		case m := <-rpc:
+			return m, nil
+		case e, ok := <-errs:
+			if ok {
+				return nil, e
+			}
+			if g.isDead() {
+				return nil, l.waitErr(g)
+			}
+			return nil, ErrClosed
+		case <-done:
+			return nil, nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case l.turn <- struct{}{}:
+		}
+		// With the turn: the reply may have come in just before.
+		select {
+		case m := <-rpc:
+			l.releaseTurn()
+			return m, nil
+		case <-done:
+			l.releaseTurn()
+			return nil, nil
+		default:
+		}
+		if g.isDead() {
+			l.releaseTurn()
+			return nil, l.waitErr(g)
+		}
+		err := l.pump(ctx, g)
+		l.releaseTurn()
+		switch {
+		case err == nil, errors.Is(err, errInterrupted):
+		case errors.Is(err, ErrClosedIntentionally):
+			// Close is pumping for its close-ok: leave the reading to it
+			// and wait for what it dispatches, or for the end.
+			select {
+			case m := <-rpc:
+				return m, nil
+			case e, ok := <-errs:
+				if ok {
+					return nil, e
+				}
+				return nil, l.waitErr(g)
+			case <-done:
+				return nil, nil
+			case <-g.dead:
+				return nil, l.waitErr(g)
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		default:
+			return nil, err
+		}
+	}
+}
+
+func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) error {
+	g := l.current()
+	ctx := context.Background()
+	if l.isClosing() {
+		ctx = context.WithValue(ctx, closerKey{}, true)
+	}
+	m, err := l.await(ctx, g, rpc, nil, nil)
+	if err != nil {
+		return err
+	}
+	return matchReply(m, res)
+}
+
+func (l *legacyConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res []message) error {
+	g := l.current()
+	m, err := l.await(context.Background(), g, rpc, errs, nil)
+	if err != nil {
+		return err
+	}
+	if m == nil {
+		return ErrClosed
+	}
+	return matchReply(m, res)
+}
+
+// waitConfirm pumps until a DeferredConfirmation is settled.
+func (l *legacyConn) waitConfirm(ctx context.Context, done <-chan struct{}) error {
+	g := l.current()
+	_, err := l.await(ctx, g, nil, nil, done)
+	return err
+}
+
+// closing interrupts a blocked reader so that Close can pump for close-ok,
+// wakes DrainEvents callers, and arms the watchdog that bounds Close.
+func (l *legacyConn) closing() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closeCalled {
+		close(l.closeCalledC)
+	}
+	l.closeCalled = true
+	g := l.gen
+	if g == nil {
+		return
+	}
+	if nc, ok := g.conn.(net.Conn); ok {
+		_ = nc.SetReadDeadline(time.Now())
+	}
+	timeout := l.opts.CloseTimeout
+	l.watchdog = time.AfterFunc(timeout, func() {
+		if g.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
+			"close-ok not received within %s: socket closed", timeout)}) {
+			_ = g.conn.Close()
+		}
+	})
+}
+
+func (l *legacyConn) shutdown(err *Error) {
+	l.mu.Lock()
+	g := l.gen
+	if err == nil && l.watchdog != nil {
+		l.watchdog.Stop()
+	}
+	l.mu.Unlock()
+	if g == nil {
+		return
+	}
+	l.c.closed.Store(true)
+	g.setDead(err)
+	_ = g.conn.Close()
+}
