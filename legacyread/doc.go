@@ -1,9 +1,64 @@
-// Package legacyread will hold the caller-drives-read mode, in the style of
-// py-amqp, rabbitmq-c and pika's BlockingConnection: no background
-// goroutines, one transport lock, and frames read only while the
-// application calls in (DrainEvents, an RPC, a publish).
+// Package legacyread is the caller-drives-read mode of amqp091-drainer, as
+// py-amqp, rabbitmq-c and pika's BlockingConnection read their sockets. It
+// exists as the baseline that the benchmarks compare the drainer against,
+// and for programs that want no background goroutines and strictly
+// caller-paced reading: nothing is read that nobody asked for, so memory is
+// bounded by construction.
 //
-// Status: not implemented yet. The read-path seam it plugs into
-// (amqp091.Config.ReadPath, see PATCHES.md) is in place; until this mode
-// lands, every connection runs upstream's reader.
+// The contract, per connection:
+//
+//  1. No background goroutines. Nothing reads the socket or sends
+//     heartbeats on its own: an idle legacy connection has no goroutine.
+//  2. One transport lock guards the socket. A goroutine that needs a frame
+//     takes the read turn, reads under the transport lock and dispatches
+//     what it read, in order. An RPC caller (QueueDeclare, Channel, Close,
+//     ...) sends its request, then reads and dispatches frames until its
+//     reply arrives; if the goroutine holding the turn delivers the reply
+//     first, it returns without ever reading. Waiters park; they never spin.
+//  3. DrainEvents(ctx) reads and dispatches at least one frame, then every
+//     frame already complete in the buffer, and returns nil. When ctx ends
+//     first it returns ctx.Err() and keeps the partial frame for the next
+//     call. Deliveries, confirms, returns, flows and cancels reach the
+//     application only while someone drains: a consumer that ranges over
+//     Consume's chan needs a drain loop (see the example).
+//  4. Publishing takes the transport lock too, as py-amqp's does: a publish
+//     waits while another goroutine sits in a blocking DrainEvents. This is
+//     the legacy behaviour the benchmarks measure.
+//  5. Heartbeats are sent and checked only while the application calls in
+//     (DrainEvents, an RPC, a confirmation wait). An idle legacy connection
+//     is neither kept alive nor monitored, and a broker-side close is
+//     noticed at the next call.
+//  6. Close never holds the transport lock while it waits for close-ok: it
+//     interrupts a blocked reader, wakes DrainEvents callers with
+//     amqp.ErrClosedIntentionally, and reads its close-ok itself. It is
+//     bounded by Options.CloseTimeout.
+//  7. DeferredConfirmation.Wait and WaitContext read frames themselves, so
+//     publish-and-wait works with no other goroutine.
+//  8. A read error shuts the connection down; every waiter finds out on its
+//     next turn.
+//
+// On a transport without read deadlines (a custom io.ReadWriteCloser such
+// as io.Pipe), a read cannot be cut short: there the transport lock covers
+// writes only, and DrainEvents honours ctx only between reads.
 package legacyread
+
+import amqp "github.com/rabbitmq/amqp091-go"
+
+// Options tune legacy mode; the zero value is ready to use. See
+// amqp.LegacyOptions.
+type Options = amqp.LegacyOptions
+
+// ReadPath returns the read path of legacy mode, for amqp.Config.ReadPath.
+func ReadPath(opts Options) amqp.ReadPath { return amqp.Legacy(opts) }
+
+// Dial is amqp.Dial in legacy mode.
+func Dial(url string, opts Options) (*amqp.Connection, error) {
+	return DialConfig(url, amqp.Config{}, opts)
+}
+
+// DialConfig is amqp.DialConfig in legacy mode. Every other setting of cfg
+// is honoured as upstream honours it.
+func DialConfig(url string, cfg amqp.Config, opts Options) (*amqp.Connection, error) {
+	cfg.ReadPath = ReadPath(opts)
+	return amqp.DialConfig(url, cfg)
+}

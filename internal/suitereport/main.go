@@ -4,13 +4,15 @@
 //
 // Usage:
 //
-//	suitereport -json run.json [-ours DIR] [-write FILE] [-reference FILE] [-label TEXT]
+//	suitereport -json run.json [-ours DIR] [-write FILE] [-reference FILE] [-exclude FILE] [-label TEXT]
 //
 // Each outcome line is "PASS|FAIL|SKIP TestName[/subtest]". Tests declared
 // in the *_test.go files of -ours (our overlay) are reported apart, so the
 // patched tree's outcome list can be compared line for line with the
-// pristine tree's. The command exits 1 when a test failed, when the run did
-// not finish, or when the list differs from -reference.
+// pristine tree's. Tests named in -exclude (one "TestName reason" per line,
+// as the read modes that cannot run them list them) are left out of the
+// comparison. The command exits 1 when a test failed, when the run did not
+// finish, or when the list differs from -reference.
 package main
 
 import (
@@ -50,8 +52,9 @@ func main() {
 	write := flag.String("write", "", "write the outcome list to this file")
 	reference := flag.String("reference", "", "compare the outcome list with this file")
 	label := flag.String("label", "upstream suite", "what the summary line names")
+	exclude := flag.String("exclude", "", "file of tests (\"TestName reason\" per line) left out of the comparison")
 	flag.Parse()
-	code, err := run(*jsonFile, *oursDir, *write, *reference, *label, os.Stdout)
+	code, err := run(*jsonFile, *oursDir, *write, *reference, *exclude, *label, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "suitereport:", err)
 		os.Exit(2)
@@ -59,7 +62,7 @@ func main() {
 	os.Exit(code)
 }
 
-func run(jsonFile, oursDir, write, reference, label string, out io.Writer) (int, error) {
+func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writer) (int, error) {
 	if jsonFile == "" {
 		return 0, fmt.Errorf("-json is required")
 	}
@@ -123,7 +126,14 @@ func run(jsonFile, oursDir, write, reference, label string, out io.Writer) (int,
 		if err != nil {
 			return 0, err
 		}
-		if diff := compare(string(want), list); diff != "" {
+		excluded, err := excludedTests(exclude)
+		if err != nil {
+			return 0, err
+		}
+		if len(excluded) > 0 {
+			fmt.Fprintf(out, "%d top-level tests excluded for this read mode (%s)\n", len(excluded), exclude)
+		}
+		if diff := compare(dropExcluded(string(want), excluded), list); diff != "" {
 			fmt.Fprintf(out, "differs from the reference %s:\n%s", reference, diff)
 			code = 1
 		} else {
@@ -261,4 +271,35 @@ func compare(want, got string) string {
 		return ""
 	}
 	return strings.Join(diff, "\n") + "\n"
+}
+
+// excludedTests reads a list of "TestName reason" lines; # starts a comment.
+func excludedTests(file string) (map[string]bool, error) {
+	names := map[string]bool{}
+	if file == "" {
+		return names, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasPrefix(f[0], "#") {
+			names[f[0]] = true
+		}
+	}
+	return names, nil
+}
+
+// dropExcluded removes the outcome lines of excluded tests and their subtests.
+func dropExcluded(list string, excluded map[string]bool) string {
+	var b strings.Builder
+	for _, line := range strings.Split(list, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && excluded[strings.SplitN(f[1], "/", 2)[0]] {
+			continue
+		}
+		b.WriteString(line + "\n")
+	}
+	return b.String()
 }

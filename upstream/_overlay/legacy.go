@@ -96,9 +96,11 @@ type legacyGen struct {
 	conn     io.ReadWriteCloser
 	rpc      chan message
 	split    *frameSplitter
-	interval time.Duration // heartbeat send interval, 0 for none; guarded by the transport lock
-	lastSent time.Time     // guarded by the transport lock
-	opened   bool          // handshake done; guarded by the transport lock
+	stateM   sync.Mutex    // guards the three below, never held across I/O
+	interval time.Duration // heartbeat send interval, 0 for none
+	lastSent time.Time     // last write to the socket
+	opened   bool          // handshake done
+	started  time.Time     // when the generation's socket was handed over
 
 	deadOnce sync.Once
 	dead     chan struct{}
@@ -115,9 +117,9 @@ func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx
 // handshake deadline stands).
 func (l *legacyConn) opened() {
 	g := l.current()
-	l.transport.Lock()
+	g.stateM.Lock()
 	g.opened = true
-	l.transport.Unlock()
+	g.stateM.Unlock()
 }
 
 func (l *legacyConn) current() *legacyGen {
@@ -133,6 +135,7 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 		rpc:      make(chan message, connRPCCap),
 		split:    newFrameSplitter(&l.c.maxFrameSize),
 		lastSent: time.Now(),
+		started:  time.Now(),
 		dead:     make(chan struct{}),
 	}
 	l.mu.Lock()
@@ -157,7 +160,9 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	defer w.l.transport.Unlock()
 	n, err := w.g.conn.Write(p)
 	if n > 0 {
+		w.g.stateM.Lock()
 		w.g.lastSent = time.Now()
+		w.g.stateM.Unlock()
 	}
 	return n, err
 }
@@ -166,9 +171,9 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 // calls in.
 func (l *legacyConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	g := l.current()
-	l.transport.Lock()
+	g.stateM.Lock()
 	g.interval = interval
-	l.transport.Unlock()
+	g.stateM.Unlock()
 	return true
 }
 
@@ -268,21 +273,23 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	// can end it: a transport without deadlines (io.Pipe in tests) would
 	// otherwise block every writer until the peer speaks, and the peer may
 	// be waiting for one of those writes.
-	l.transport.Lock()
-	interval := g.interval
-	if !isNet {
-		l.transport.Unlock()
-	}
+	g.stateM.Lock()
+	interval, lastSent, opened := g.interval, g.lastSent, g.opened
+	g.stateM.Unlock()
 	if isNet {
+		l.transport.Lock()
 		deadline, hasDeadline := ctx.Deadline()
 		if interval > 0 {
-			if beat := g.lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
+			if beat := lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
 				deadline, hasDeadline = beat, true
 			}
 		}
-		if hasDeadline || g.opened {
-			_ = nc.SetReadDeadline(deadline) // zero: no deadline
+		if !hasDeadline && !opened {
+			// During the handshake, stand in for the dial's handshake
+			// deadline, which an earlier, shorter read may have replaced.
+			deadline = g.started.Add(defaultConnectionTimeout)
 		}
+		_ = nc.SetReadDeadline(deadline) // zero: no deadline
 		if l.isClosing() && !isCloser(ctx) {
 			// Close may have interrupted the read before this deadline
 			// replaced its own: interrupt it again.
@@ -323,9 +330,9 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 
 // beat sends a heartbeat if nothing was written for an interval.
 func (l *legacyConn) beat(g *legacyGen, interval time.Duration) {
-	l.transport.Lock()
+	g.stateM.Lock()
 	due := time.Since(g.lastSent) >= interval
-	l.transport.Unlock()
+	g.stateM.Unlock()
 	if due {
 		_ = l.c.send(&heartbeatFrame{})
 	}

@@ -108,6 +108,12 @@ func TestDrainEventsWaitsForAFrame(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open: %v", err)
 	}
+	if c.ReadMode() == "legacy" {
+		// Legacy DrainEvents reads in the caller, and an io.Pipe read
+		// cannot be cut short: ctx is honoured only between reads. The
+		// legacyread package tests legacy DrainEvents over TCP.
+		t.Skip("legacy DrainEvents over io.Pipe cannot honour ctx mid-read")
+	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
