@@ -376,3 +376,21 @@ func TestResetIsFoundOnTheNextTurn(t *testing.T) {
 		t.Fatal("RPC callers were not all released after the reset")
 	}
 }
+
+// TestDrainLoopKeepsTheConnectionAlive: the same idle connection as above
+// stays up while the application calls in: a drain loop sends heartbeats.
+func TestDrainLoopKeepsTheConnectionAlive(t *testing.T) {
+	conn := dial(t, "", amqp.Config{Heartbeat: time.Second})
+	ch := channel(t, conn)
+	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := conn.DrainEvents(ctx)
+		cancel()
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("DrainEvents: %v", err)
+		}
+	}
+	if _, err := ch.QueueDeclare("", false, true, true, false, nil); err != nil {
+		t.Fatalf("an RPC after 5 s of draining: %v", err)
+	}
+}

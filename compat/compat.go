@@ -1,0 +1,139 @@
+// Package compat is the single switch between amqp091-drainer's read modes.
+//
+// Code that calls amqp.Dial keeps compiling and keeps behaving as upstream
+// amqp091-go. Switching a program to another read mode costs one changed
+// line:
+//
+//	conn, err := amqp.Dial(url)                        // before
+//	conn, err := compat.Dial(url, compat.Drainer)      // after
+//
+// or none, when the mode comes from the environment:
+//
+//	mode, err := compat.ModeFromEnv() // AMQP091_READ_MODE=drainer
+//	conn, err := compat.Dial(url, mode)
+//
+// The modes:
+//
+//   - Upstream, the zero value: upstream's reader goroutine, unchanged.
+//   - Drainer: one goroutine per connection owns the socket read and never
+//     blocks on user code (package drainer).
+//   - Legacy: caller-drives-read, no background goroutines (package
+//     legacyread).
+package compat
+
+import (
+	"crypto/tls"
+	"fmt"
+	"os"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Mode selects how a connection reads its socket.
+type Mode int
+
+// The read modes. Upstream is the zero value.
+const (
+	Upstream Mode = iota // upstream's reader goroutine, unchanged
+	Legacy               // caller-drives-read; see package legacyread
+	Drainer              // dedicated drainer; see package drainer
+)
+
+var names = [...]string{Upstream: "upstream", Legacy: "legacy", Drainer: "drainer"}
+
+// String returns "upstream", "legacy" or "drainer", the names ParseMode
+// accepts and Connection.ReadMode reports.
+func (m Mode) String() string {
+	if m < 0 || int(m) >= len(names) {
+		return fmt.Sprintf("Mode(%d)", int(m))
+	}
+	return names[m]
+}
+
+// ParseMode parses a mode name, case-insensitively, ignoring surrounding
+// space. Anything else is an error that names the valid values.
+func ParseMode(s string) (Mode, error) {
+	for m, name := range names {
+		if strings.EqualFold(strings.TrimSpace(s), name) {
+			return Mode(m), nil
+		}
+	}
+	return Upstream, fmt.Errorf("compat: unknown read mode %q: want one of %s", s, strings.Join(names[:], ", "))
+}
+
+// EnvVar is the environment variable ModeFromEnv reads.
+const EnvVar = "AMQP091_READ_MODE"
+
+// ModeFromEnv reads the mode from AMQP091_READ_MODE. Unset or empty means
+// Upstream; a value ParseMode rejects is an error, never a silent fallback.
+func ModeFromEnv() (Mode, error) {
+	v := os.Getenv(EnvVar)
+	if strings.TrimSpace(v) == "" {
+		return Upstream, nil
+	}
+	m, err := ParseMode(v)
+	if err != nil {
+		return Upstream, fmt.Errorf("%s: %w", EnvVar, err)
+	}
+	return m, nil
+}
+
+// Option tunes a mode without changing the one-option form of Dial.
+type Option func(*options)
+
+type options struct {
+	drainer amqp.DrainerOptions
+	legacy  amqp.LegacyOptions
+}
+
+// WithDrainerOptions tunes drainer mode (budget, close timeout). Other
+// modes ignore it.
+func WithDrainerOptions(o amqp.DrainerOptions) Option {
+	return func(opts *options) { opts.drainer = o }
+}
+
+// WithLegacyOptions tunes legacy mode. Other modes ignore it.
+func WithLegacyOptions(o amqp.LegacyOptions) Option {
+	return func(opts *options) { opts.legacy = o }
+}
+
+// ReadPath returns the amqp.Config.ReadPath of mode: nil for Upstream.
+func ReadPath(mode Mode, opts ...Option) (amqp.ReadPath, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch mode {
+	case Upstream:
+		return nil, nil
+	case Legacy:
+		return amqp.Legacy(o.legacy), nil
+	case Drainer:
+		return amqp.Drainer(o.drainer), nil
+	default:
+		return nil, fmt.Errorf("compat: unknown read mode %v", mode)
+	}
+}
+
+// Dial is amqp.Dial in the given read mode.
+func Dial(url string, mode Mode, opts ...Option) (*amqp.Connection, error) {
+	return DialConfig(url, amqp.Config{}, mode, opts...)
+}
+
+// DialTLS is amqp.DialTLS in the given read mode.
+func DialTLS(url string, amqps *tls.Config, mode Mode, opts ...Option) (*amqp.Connection, error) {
+	return DialConfig(url, amqp.Config{TLSClientConfig: amqps}, mode, opts...)
+}
+
+// DialConfig is amqp.DialConfig in the given read mode. Every setting of
+// cfg is honoured as upstream honours it, recovery included; the mode
+// replaces whatever cfg.ReadPath held.
+func DialConfig(url string, cfg amqp.Config, mode Mode, opts ...Option) (*amqp.Connection, error) {
+	rp, err := ReadPath(mode, opts...)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ReadPath = rp
+	return amqp.DialConfig(url, cfg)
+}

@@ -1,0 +1,109 @@
+package compat_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/compat"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestParseMode(t *testing.T) {
+	for in, want := range map[string]compat.Mode{
+		"upstream": compat.Upstream, "UPSTREAM": compat.Upstream,
+		"legacy": compat.Legacy, " Legacy ": compat.Legacy,
+		"drainer": compat.Drainer, "Drainer": compat.Drainer,
+	} {
+		got, err := compat.ParseMode(in)
+		if err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %v, %v; want %v", in, got, err, want)
+		}
+		if got.String() != strings.ToLower(strings.TrimSpace(in)) {
+			t.Errorf("%v.String() = %q", got, got.String())
+		}
+	}
+	for _, bad := range []string{"", "drain", "upstream2", "1"} {
+		_, err := compat.ParseMode(bad)
+		if err == nil || !strings.Contains(err.Error(), "upstream, legacy, drainer") {
+			t.Errorf("ParseMode(%q) = %v, want an error naming the valid values", bad, err)
+		}
+	}
+}
+
+func TestModeFromEnv(t *testing.T) {
+	for env, want := range map[string]compat.Mode{"": compat.Upstream, "  ": compat.Upstream, "drainer": compat.Drainer, "LEGACY": compat.Legacy} {
+		t.Setenv(compat.EnvVar, env)
+		if got, err := compat.ModeFromEnv(); err != nil || got != want {
+			t.Errorf("%s=%q: ModeFromEnv = %v, %v; want %v", compat.EnvVar, env, got, err, want)
+		}
+	}
+	t.Setenv(compat.EnvVar, "dranier")
+	if _, err := compat.ModeFromEnv(); err == nil || !strings.Contains(err.Error(), compat.EnvVar) {
+		t.Fatalf("a bad %s = %v, want an error naming the variable", compat.EnvVar, err)
+	}
+}
+
+// TestDialInEveryMode dials the broker in each mode, honouring the config
+// (heartbeat, properties, recovery), and does one round trip.
+func TestDialInEveryMode(t *testing.T) {
+	for _, mode := range []compat.Mode{compat.Upstream, compat.Legacy, compat.Drainer} {
+		t.Run(mode.String(), func(t *testing.T) {
+			cfg := amqp.Config{
+				Heartbeat:  5 * time.Second,
+				Properties: amqp.Table{"connection_name": "compat-" + mode.String()},
+				Recovery:   &amqp.Recovery{},
+			}
+			conn, err := compat.DialConfig(testenv.AMQPURL(t), cfg, mode,
+				compat.WithDrainerOptions(amqp.DrainerOptions{Budget: 1 << 20}),
+				compat.WithLegacyOptions(amqp.LegacyOptions{CloseTimeout: time.Second}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := conn.ReadMode(); got != mode.String() {
+				t.Fatalf("ReadMode() = %q, want %q", got, mode)
+			}
+			if conn.Config.Heartbeat != 5*time.Second || !conn.IsRecoveryEnabled() {
+				t.Fatalf("the config was not honoured: heartbeat %s, recovery %v", conn.Config.Heartbeat, conn.IsRecoveryEnabled())
+			}
+			ch, err := conn.Channel()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ch.Confirm(false); err != nil {
+				t.Fatal(err)
+			}
+			q, err := ch.QueueDeclare("", false, true, true, false, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", q.Name, false, false, amqp.Publishing{Body: []byte("x")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+				t.Fatalf("confirm: %v, %v", ok, err)
+			}
+			if err := conn.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := conn.Close(); !errors.Is(err, amqp.ErrClosed) {
+				t.Fatalf("second Close = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+func TestDialRejectsAnUnknownMode(t *testing.T) {
+	if _, err := compat.Dial("amqp://127.0.0.1:1/", compat.Mode(42)); err == nil {
+		t.Fatal("Dial accepted Mode(42)")
+	}
+}

@@ -1,0 +1,46 @@
+package compat_test
+
+import (
+	"log"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/compat"
+)
+
+// Switching an existing program to drainer mode is one changed line.
+func ExampleDial() {
+	// Before: conn, err := amqp.Dial("amqp://guest:guest@127.0.0.1:5672/")
+	conn, err := compat.Dial("amqp://guest:guest@127.0.0.1:5672/", compat.Drainer)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	log.Print(conn.ReadMode()) // "drainer"
+}
+
+// The mode can come from the environment, so one binary runs in any mode.
+func ExampleModeFromEnv() {
+	mode, err := compat.ModeFromEnv() // AMQP091_READ_MODE: upstream, legacy or drainer
+	if err != nil {
+		log.Fatal(err)
+	}
+	conn, err := compat.Dial("amqp://guest:guest@127.0.0.1:5672/", mode)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
+
+// A mode's tuning rides along as an option; the config is honoured as
+// amqp.DialConfig honours it, recovery included.
+func ExampleDialConfig() {
+	conn, err := compat.DialConfig("amqp://guest:guest@127.0.0.1:5672/",
+		amqp.Config{Recovery: &amqp.Recovery{}},
+		compat.Drainer,
+		compat.WithDrainerOptions(amqp.DrainerOptions{Budget: 16 << 20}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+}
