@@ -172,12 +172,16 @@ func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
 
 // TestCloseUnderLoad closes 50 connections, each with an active consumer
 // and an active publisher, and wants every Close back within 2 s and every
-// goroutine gone (the leak check in TestMain).
+// goroutine gone (the leak check in TestMain). A broker under load may
+// answer close-ok late, behind the publishes queued ahead of the close:
+// with a 1 s CloseTimeout, Close then gives up on it, says so, and is still
+// within the bound.
 func TestCloseUnderLoad(t *testing.T) {
 	const trials = 50
 	var times []time.Duration
+	timedOut := 0
 	for i := 0; i < trials; i++ {
-		conn, err := drainer.Dial(brokerURL(t), drainer.Options{})
+		conn, err := drainer.Dial(brokerURL(t), drainer.Options{CloseTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -216,7 +220,11 @@ func TestCloseUnderLoad(t *testing.T) {
 		start := time.Now()
 		err = conn.Close()
 		d := time.Since(start)
-		if err != nil && !errors.Is(err, amqp.ErrClosed) {
+		switch {
+		case err == nil, errors.Is(err, amqp.ErrClosed):
+		case strings.Contains(err.Error(), "close-ok not received within"), errors.Is(err, net.ErrClosed):
+			timedOut++ // the watchdog closed the socket: bounded, and said so
+		default:
 			t.Fatalf("trial %d: Close = %v", i, err)
 		}
 		times = append(times, d)
@@ -226,8 +234,8 @@ func TestCloseUnderLoad(t *testing.T) {
 		wg.Wait()
 	}
 	sort.Slice(times, func(i, j int) bool { return times[i] < times[j] })
-	t.Logf("%d closes under load: P50 %s, P95 %s, max %s", trials,
-		times[trials/2], times[trials*95/100], times[trials-1])
+	t.Logf("%d closes under load: P50 %s, P95 %s, max %s; %d gave up waiting for close-ok", trials,
+		times[trials/2], times[trials*95/100], times[trials-1], timedOut)
 }
 
 // TestBadFramesCloseTheConnectionWithAReason: an oversized frame and a

@@ -111,11 +111,11 @@ func (drainerMode) Mode() string { return "drainer" }
 
 func (m drainerMode) attach(c *Connection) readPath {
 	return &drainConn{
-		c:            c,
-		opts:         m.opts,
-		budget:       newBudget(m.opts.Budget, m.opts.Budget/2),
-		closeCalledC: make(chan struct{}),
-		dispatchers:  map[*Channel]*chanDispatcher{},
+		c:           c,
+		opts:        m.opts,
+		budget:      newBudget(m.opts.Budget, m.opts.Budget/2),
+		closeIntent: newCloseIntent(),
+		dispatchers: map[*Channel]*chanDispatcher{},
 	}
 }
 
@@ -126,17 +126,12 @@ type drainConn struct {
 	budget *budget
 	mbs    mailboxes
 
-	closeCalledC chan struct{} // closed by Close: wakes DrainEvents callers
+	closeIntent // Close was called: waiters get ErrClosedIntentionally
 
 	mu          sync.Mutex
 	gen         *drainGen
-	closeCalled bool // Close was called: waiters get ErrClosedIntentionally
-	// protocolClosing marks the close that follows as ours, not the
-	// application's (closeWith after a protocol error).
-	protocolClosing bool
-	watchdog        *time.Timer // bounds Close
-	dispatchers     map[*Channel]*chanDispatcher
-	conn0           *serialQueue // channel-0 work that may block (close-ok replies)
+	dispatchers map[*Channel]*chanDispatcher
+	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
 }
 
 // drainGen is one connection generation: one socket, one drainer goroutine.
@@ -144,10 +139,8 @@ type drainGen struct {
 	conn io.ReadWriteCloser
 	rpc  chan message // the generation's c.rpc
 
-	deadOnce sync.Once
-	dead     chan struct{} // closed when the generation ends
-	err      *Error        // why it ended; nil for an intentional close
-	done     chan struct{} // closed when the drainer goroutine has returned
+	genEnd               // how the generation ends
+	done   chan struct{} // closed when the drainer goroutine has returned
 
 	interval  atomic.Int64  // heartbeat interval in ns, 0 until tune (or none)
 	sent      atomic.Uint64 // bytes written to the socket by anyone
@@ -177,7 +170,7 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	g := &drainGen{
 		conn:      conn,
 		rpc:       make(chan message, connRPCCap),
-		dead:      make(chan struct{}),
+		genEnd:    newGenEnd(),
 		done:      make(chan struct{}),
 		beatReady: make(chan struct{}),
 	}
@@ -221,30 +214,6 @@ func (d *drainConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	g.interval.Store(int64(interval))
 	close(g.beatReady)
 	return true
-}
-
-func (g *drainGen) setDead(err *Error) bool {
-	first := false
-	g.deadOnce.Do(func() {
-		g.err = err
-		close(g.dead)
-		first = true
-	})
-	return first
-}
-
-// waitErr is what a waiter released by the end of the generation returns.
-func (d *drainConn) waitErr(g *drainGen) error {
-	if g.err != nil {
-		return g.err
-	}
-	d.mu.Lock()
-	closeCalled := d.closeCalled
-	d.mu.Unlock()
-	if closeCalled {
-		return ErrClosedIntentionally
-	}
-	return ErrClosed
 }
 
 // fail ends the generation because of err: waiters are released first,
@@ -437,7 +406,7 @@ func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) err
 			return matchReply(m, res)
 		default:
 		}
-		return d.waitErr(g)
+		return d.waitErr(&g.genEnd)
 	}
 }
 
@@ -457,12 +426,12 @@ func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res
 		}
 		select {
 		case <-g.dead:
-			return d.waitErr(g)
+			return d.waitErr(&g.genEnd)
 		default:
 		}
 		return ErrClosed
 	case <-g.dead:
-		return d.waitErr(g)
+		return d.waitErr(&g.genEnd)
 	}
 }
 
@@ -481,24 +450,8 @@ func (d *drainConn) opened() {
 // closing wakes DrainEvents callers and arms the watchdog that bounds
 // Close.
 func (d *drainConn) closing() {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.protocolClosing {
-		d.protocolClosing = false
-	} else {
-		if !d.closeCalled {
-			close(d.closeCalledC)
-		}
-		d.closeCalled = true
-	}
-	g := d.gen
-	timeout := d.opts.CloseTimeout
-	d.watchdog = time.AfterFunc(timeout, func() {
-		if g.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
-			"close-ok not received within %s: socket closed", timeout)}) {
-			_ = g.conn.Close()
-		}
-	})
+	g := d.current()
+	d.begin(d.opts.CloseTimeout, &g.genEnd, g.conn)
 }
 
 // shutdown runs first in Connection.shutdown: it records why, releases
@@ -506,12 +459,10 @@ func (d *drainConn) closing() {
 // publisher blocked in a write (holding ch.m and sendM) is freed and the
 // teardown that follows cannot deadlock on it.
 func (d *drainConn) shutdown(err *Error) {
-	d.mu.Lock()
-	g := d.gen
-	if err == nil && d.watchdog != nil {
-		d.watchdog.Stop()
+	if err == nil {
+		d.stopWatchdog()
 	}
-	d.mu.Unlock()
+	g := d.current()
 	if g == nil {
 		return
 	}
@@ -528,22 +479,22 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 	}
 	seen := g.activity.frames.Load()
 	select {
-	case <-d.closeCalledC:
+	case <-d.calledC:
 		return ErrClosedIntentionally
 	case <-g.dead:
-		return d.waitErr(g)
+		return d.waitErr(&g.genEnd)
 	default:
 	}
-	err := g.activity.waitFrames(ctx, seen, g.dead, d.closeCalledC)
+	err := g.activity.waitFrames(ctx, seen, g.dead, d.calledC)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, errEnded):
 		select {
-		case <-d.closeCalledC:
+		case <-d.calledC:
 			return ErrClosedIntentionally
 		default:
-			return d.waitErr(g)
+			return d.waitErr(&g.genEnd)
 		}
 	default:
 		return err

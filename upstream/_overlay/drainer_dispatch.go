@@ -185,9 +185,7 @@ func (d *drainConn) dispatchClosed(f frame) {
 // protocol. It goes through upstream's closeWith, whose close is not the
 // application's: waiters must get err, not ErrClosedIntentionally.
 func (d *drainConn) protocolClose(err *Error) {
-	d.mu.Lock()
-	d.protocolClosing = true
-	d.mu.Unlock()
+	d.markProtocol()
 	if cerr := d.c.closeWith(err); cerr != nil {
 		Logger.Printf("error closing the connection with %v: %+v", err, cerr)
 	}

@@ -64,10 +64,10 @@ func (legacyMode) Mode() string { return "legacy" }
 
 func (m legacyMode) attach(c *Connection) readPath {
 	return &legacyConn{
-		c:            c,
-		opts:         m.opts,
-		turn:         make(chan struct{}, 1),
-		closeCalledC: make(chan struct{}),
+		c:           c,
+		opts:        m.opts,
+		turn:        make(chan struct{}, 1),
+		closeIntent: newCloseIntent(),
 	}
 }
 
@@ -82,12 +82,10 @@ type legacyConn struct {
 	// transport is held across every socket read and write.
 	transport sync.Mutex
 
-	closeCalledC chan struct{}
+	closeIntent // Close was called: waiters get ErrClosedIntentionally
 
-	mu          sync.Mutex
-	gen         *legacyGen
-	closeCalled bool
-	watchdog    *time.Timer
+	mu  sync.Mutex
+	gen *legacyGen
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
@@ -102,9 +100,7 @@ type legacyGen struct {
 	opened   bool          // handshake done
 	started  time.Time     // when the generation's socket was handed over
 
-	deadOnce sync.Once
-	dead     chan struct{}
-	err      *Error
+	genEnd // how the generation ends
 }
 
 func (l *legacyConn) mode() string                          { return "legacy" }
@@ -136,7 +132,7 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 		split:    newFrameSplitter(&l.c.maxFrameSize),
 		lastSent: time.Now(),
 		started:  time.Now(),
-		dead:     make(chan struct{}),
+		genEnd:   newGenEnd(),
 	}
 	l.mu.Lock()
 	l.gen = g
@@ -177,38 +173,6 @@ func (l *legacyConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	return true
 }
 
-func (g *legacyGen) setDead(err *Error) bool {
-	first := false
-	g.deadOnce.Do(func() {
-		g.err = err
-		close(g.dead)
-		first = true
-	})
-	return first
-}
-
-func (l *legacyConn) waitErr(g *legacyGen) error {
-	if g.err != nil {
-		return g.err
-	}
-	l.mu.Lock()
-	closeCalled := l.closeCalled
-	l.mu.Unlock()
-	if closeCalled {
-		return ErrClosedIntentionally
-	}
-	return ErrClosed
-}
-
-func (g *legacyGen) isDead() bool {
-	select {
-	case <-g.dead:
-		return true
-	default:
-		return false
-	}
-}
-
 // errInterrupted reports a read cut short on purpose: by Close, or by a
 // heartbeat due while waiting.
 var errInterrupted = errors.New("amqp: read interrupted")
@@ -221,13 +185,13 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 		raw, err := g.split.next()
 		if err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-			return l.waitErr(g)
+			return l.waitErr(&g.genEnd)
 		}
 		if raw != nil {
 			return l.dispatchBuffered(g, raw)
 		}
 		if g.isDead() {
-			return l.waitErr(g)
+			return l.waitErr(&g.genEnd)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
@@ -244,7 +208,7 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 		f, err := (&reader{r: bytes.NewReader(raw)}).ReadFrame()
 		if err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
-			return l.waitErr(g)
+			return l.waitErr(&g.genEnd)
 		}
 		l.c.demux(f)
 		if g.isDead() {
@@ -252,7 +216,7 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 		}
 		if raw, err = g.split.next(); err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-			return l.waitErr(g)
+			return l.waitErr(&g.genEnd)
 		}
 	}
 	return nil
@@ -290,7 +254,7 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 			deadline = g.started.Add(defaultConnectionTimeout)
 		}
 		_ = nc.SetReadDeadline(deadline) // zero: no deadline
-		if l.isClosing() && !isCloser(ctx) {
+		if l.isCalled() && !isCloser(ctx) {
 			// Close may have interrupted the read before this deadline
 			// replaced its own: interrupt it again.
 			_ = nc.SetReadDeadline(time.Now())
@@ -308,20 +272,20 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	case err == nil:
 		return nil
 	case g.isDead():
-		return l.waitErr(g)
+		return l.waitErr(&g.genEnd)
 	case !errors.Is(err, errDeadline):
 		l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-		return l.waitErr(g)
+		return l.waitErr(&g.genEnd)
 	case ctx.Err() != nil:
 		return ctx.Err()
-	case l.isClosing() && !isCloser(ctx):
+	case l.isCalled() && !isCloser(ctx):
 		return ErrClosedIntentionally
 	case interval > 0:
 		if silent := time.Since(start); silent >= 3*interval {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf(
 				"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
 				silent.Round(time.Millisecond), 2*interval)})
-			return l.waitErr(g)
+			return l.waitErr(&g.genEnd)
 		}
 		l.beat(g, interval)
 	}
@@ -336,12 +300,6 @@ func (l *legacyConn) beat(g *legacyGen, interval time.Duration) {
 	if due {
 		_ = l.c.send(&heartbeatFrame{})
 	}
-}
-
-func (l *legacyConn) isClosing() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.closeCalled
 }
 
 // closerKey marks the ctx of Close's own pumping, which an interrupted
@@ -371,7 +329,7 @@ func (l *legacyConn) drain(ctx context.Context) error {
 	}
 	for {
 		select {
-		case <-l.closeCalledC:
+		case <-l.calledC:
 			return ErrClosedIntentionally
 		case <-ctx.Done():
 			return ctx.Err()
@@ -398,7 +356,7 @@ func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message
 				return nil, e
 			}
 			if g.isDead() {
-				return nil, l.waitErr(g)
+				return nil, l.waitErr(&g.genEnd)
 			}
 			return nil, ErrClosed
 		case <-done:
@@ -419,7 +377,7 @@ func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message
 		}
 		if g.isDead() {
 			l.releaseTurn()
-			return nil, l.waitErr(g)
+			return nil, l.waitErr(&g.genEnd)
 		}
 		err := l.pump(ctx, g)
 		l.releaseTurn()
@@ -435,11 +393,11 @@ func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message
 				if ok {
 					return nil, e
 				}
-				return nil, l.waitErr(g)
+				return nil, l.waitErr(&g.genEnd)
 			case <-done:
 				return nil, nil
 			case <-g.dead:
-				return nil, l.waitErr(g)
+				return nil, l.waitErr(&g.genEnd)
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
@@ -452,7 +410,7 @@ func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message
 func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) error {
 	g := l.current()
 	ctx := context.Background()
-	if l.isClosing() {
+	if l.isCalled() {
 		ctx = context.WithValue(ctx, closerKey{}, true)
 	}
 	m, err := l.await(ctx, g, rpc, nil, nil)
@@ -484,35 +442,22 @@ func (l *legacyConn) waitConfirm(ctx context.Context, done <-chan struct{}) erro
 // closing interrupts a blocked reader so that Close can pump for close-ok,
 // wakes DrainEvents callers, and arms the watchdog that bounds Close.
 func (l *legacyConn) closing() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.closeCalled {
-		close(l.closeCalledC)
-	}
-	l.closeCalled = true
-	g := l.gen
+	g := l.current()
 	if g == nil {
+		l.begin(l.opts.CloseTimeout, nil, nil)
 		return
 	}
+	l.begin(l.opts.CloseTimeout, &g.genEnd, g.conn)
 	if nc, ok := g.conn.(net.Conn); ok {
 		_ = nc.SetReadDeadline(time.Now())
 	}
-	timeout := l.opts.CloseTimeout
-	l.watchdog = time.AfterFunc(timeout, func() {
-		if g.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
-			"close-ok not received within %s: socket closed", timeout)}) {
-			_ = g.conn.Close()
-		}
-	})
 }
 
 func (l *legacyConn) shutdown(err *Error) {
-	l.mu.Lock()
-	g := l.gen
-	if err == nil && l.watchdog != nil {
-		l.watchdog.Stop()
+	if err == nil {
+		l.stopWatchdog()
 	}
-	l.mu.Unlock()
+	g := l.current()
 	if g == nil {
 		return
 	}

@@ -1,0 +1,116 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// genEnd is how one connection generation ends, for the read modes: a chan
+// closed exactly once, which releases every waiter together, and why.
+type genEnd struct {
+	once sync.Once
+	dead chan struct{}
+	err  *Error // why it ended; nil for an intentional close
+}
+
+func newGenEnd() genEnd { return genEnd{dead: make(chan struct{})} }
+
+// setDead ends the generation with err, if it has not ended yet, and
+// reports whether this call ended it.
+func (e *genEnd) setDead(err *Error) bool {
+	first := false
+	e.once.Do(func() {
+		e.err = err
+		close(e.dead)
+		first = true
+	})
+	return first
+}
+
+func (e *genEnd) isDead() bool {
+	select {
+	case <-e.dead:
+		return true
+	default:
+		return false
+	}
+}
+
+// closeIntent records that the application called Close: it wakes whoever
+// waits for that, tells an intentional close from the library's own
+// closeWith, and bounds the close with a watchdog.
+type closeIntent struct {
+	mu       sync.Mutex
+	called   bool
+	calledC  chan struct{} // closed by Close: wakes DrainEvents callers
+	protocol bool          // the close that follows is the library's, after a protocol error
+	watchdog *time.Timer
+}
+
+func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct{})} }
+
+// begin runs in the closing hook. Unless the close is the library's own, it
+// marks the close intentional; either way it arms a watchdog that ends the
+// generation and closes the socket if the close takes longer than timeout.
+func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer) {
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
+	if ci.protocol {
+		ci.protocol = false
+	} else {
+		if !ci.called {
+			close(ci.calledC)
+		}
+		ci.called = true
+	}
+	if end == nil {
+		return
+	}
+	ci.watchdog = time.AfterFunc(timeout, func() {
+		if end.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
+			"close-ok not received within %s: socket closed", timeout)}) {
+			_ = conn.Close()
+		}
+	})
+}
+
+// markProtocol says that the next close is the library's, not the
+// application's.
+func (ci *closeIntent) markProtocol() {
+	ci.mu.Lock()
+	ci.protocol = true
+	ci.mu.Unlock()
+}
+
+// stopWatchdog runs when the close completed.
+func (ci *closeIntent) stopWatchdog() {
+	ci.mu.Lock()
+	if ci.watchdog != nil {
+		ci.watchdog.Stop()
+	}
+	ci.mu.Unlock()
+}
+
+func (ci *closeIntent) isCalled() bool {
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
+	return ci.called
+}
+
+// waitErr is what a waiter released by the end of a generation returns:
+// the error that ended it, ErrClosedIntentionally after Close, or
+// ErrClosed.
+func (ci *closeIntent) waitErr(e *genEnd) error {
+	if e.err != nil {
+		return e.err
+	}
+	if ci.isCalled() {
+		return ErrClosedIntentionally
+	}
+	return ErrClosed
+}
