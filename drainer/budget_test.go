@@ -65,17 +65,17 @@ func TestBudgetBoundsAConsumerThatDoesNotRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pubConn.Close()
-	pubCh := channel(t, pubConn)
+	pubCh := testenv.Channel(t, pubConn)
 	q := "drainer-test-budget-" + t.Name()
 	if _, err := pubCh.QueueDeclare(q, true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _, _ = channel(t, pubConn).QueueDelete(q, false, false, false) }()
+	defer func() { _, _ = testenv.Channel(t, pubConn).QueueDelete(q, false, false, false) }()
 	if _, err := pubCh.QueuePurge(q, false); err != nil {
 		t.Fatal(err)
 	}
 
-	consumerCh, otherCh := channel(t, conn), channel(t, conn)
+	consumerCh, otherCh := testenv.Channel(t, conn), testenv.Channel(t, conn)
 	deliveries, err := consumerCh.Consume(q, "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -140,8 +140,8 @@ func cpuTime() time.Duration {
 func TestFragmentedFrameCostsNoCPU(t *testing.T) {
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	conn := dial(t, proxy.URL(), amqp.Config{})
-	ch := channel(t, conn)
-	q := exclusiveQueue(t, ch)
+	ch := testenv.Channel(t, conn)
+	q := testenv.ExclusiveQueue(t, ch)
 	deliveries, err := ch.Consume(q, "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)

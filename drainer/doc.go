@@ -48,6 +48,11 @@
 //   - A NotifyClose listener gets the close error only if it has room for
 //     it when the channel or connection closes, as upstream: make it with a
 //     buffer of 1. The other listeners may be unbuffered and slow.
+//   - A heartbeat is written with a write deadline of one interval, and only
+//     when nobody else is writing. Over TLS, a write that hits its deadline
+//     leaves the TLS connection unusable (crypto/tls), so a broker that
+//     stops reading for a whole heartbeat interval on an otherwise idle TLS
+//     connection ends it.
 //
 // Use it by dialling through this package, or by setting
 // amqp.Config.ReadPath to ReadPath(opts):

@@ -36,26 +36,6 @@ func dial(t *testing.T, url string, cfg amqp.Config) *amqp.Connection {
 	return conn
 }
 
-func channel(t *testing.T, conn *amqp.Connection) *amqp.Channel {
-	t.Helper()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("Channel: %v", err)
-	}
-	return ch
-}
-
-// exclusiveQueue declares a server-named exclusive queue: RabbitMQ 4.3
-// rejects transient non-exclusive queues.
-func exclusiveQueue(t *testing.T, ch *amqp.Channel) string {
-	t.Helper()
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatalf("QueueDeclare: %v", err)
-	}
-	return q.Name
-}
-
 // opTimer runs operations and keeps the slowest.
 type opTimer struct {
 	n       int
@@ -81,11 +61,11 @@ func (o *opTimer) run(t *testing.T, what string, op func() error) {
 func busyChannelB(t *testing.T, conn *amqp.Connection) {
 	t.Helper()
 	ctx := context.Background()
-	chB := channel(t, conn)
+	chB := testenv.Channel(t, conn)
 	if err := chB.Confirm(false); err != nil {
 		t.Fatalf("Confirm on B: %v", err)
 	}
-	qB := exclusiveQueue(t, chB)
+	qB := testenv.ExclusiveQueue(t, chB)
 	var ops opTimer
 	for i := 0; i < 200; i++ {
 		ops.run(t, "QueueDeclare on B", func() error {
@@ -115,12 +95,12 @@ func busyChannelB(t *testing.T, conn *amqp.Connection) {
 // for 5 s per confirmation, drops them, then kills its own connection.
 func TestUnreadPublishListenerStallsNobody(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	chA := channel(t, conn)
+	chA := testenv.Channel(t, conn)
 	if err := chA.Confirm(false); err != nil {
 		t.Fatalf("Confirm on A: %v", err)
 	}
 	confirms := chA.NotifyPublish(make(chan amqp.Confirmation, 1))
-	qA := exclusiveQueue(t, chA)
+	qA := testenv.ExclusiveQueue(t, chA)
 	const n = 200
 	for i := 0; i < n; i++ {
 		if err := chA.PublishWithContext(context.Background(), "", qA, false, false, amqp.Publishing{Body: []byte("a")}); err != nil {
@@ -149,7 +129,7 @@ func TestUnreadPublishListenerStallsNobody(t *testing.T) {
 // that does not exist, with A's NotifyReturn listener unread.
 func TestUnreadReturnListenerStallsNobody(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	chA := channel(t, conn)
+	chA := testenv.Channel(t, conn)
 	returns := chA.NotifyReturn(make(chan amqp.Return, 1))
 	const n = 200
 	for i := 0; i < n; i++ {
@@ -181,14 +161,14 @@ func TestUnreadReturnListenerStallsNobody(t *testing.T) {
 // listener.
 func TestUnreadCancelListenerStallsNobody(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	chA := channel(t, conn)
+	chA := testenv.Channel(t, conn)
 	cancels := chA.NotifyCancel(make(chan string)) // unbuffered and unread
-	q := exclusiveQueue(t, chA)
+	q := testenv.ExclusiveQueue(t, chA)
 	deliveries, err := chA.Consume(q, "drainer-test-consumer", true, false, false, false, nil)
 	if err != nil {
 		t.Fatalf("Consume: %v", err)
 	}
-	if _, err := channel(t, conn).QueueDelete(q, false, false, false); err != nil {
+	if _, err := testenv.Channel(t, conn).QueueDelete(q, false, false, false); err != nil {
 		t.Fatalf("QueueDelete: %v", err)
 	}
 
@@ -219,8 +199,8 @@ func TestDrainEvents(t *testing.T) {
 		t.Fatalf("DrainEvents on an idle connection = %v, want context.DeadlineExceeded", err)
 	}
 
-	ch := channel(t, conn)
-	q := exclusiveQueue(t, ch)
+	ch := testenv.Channel(t, conn)
+	q := testenv.ExclusiveQueue(t, ch)
 	drained := make(chan error, 1)
 	go func() { drained <- conn.DrainEvents(context.Background()) }()
 	if err := ch.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{}); err != nil {
@@ -260,7 +240,7 @@ func TestDrainEvents(t *testing.T) {
 // read but heartbeats, the drainer keeps the connection up for 10 s.
 func TestIdlePublishOnlyConnectionStaysAlive(t *testing.T) {
 	conn := dial(t, "", amqp.Config{Heartbeat: time.Second})
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	select {
 	case err := <-closed:
@@ -318,7 +298,7 @@ func TestOneGoroutinePerIdleConnection(t *testing.T) {
 	before := settle()
 	const n = 20
 	for i := 0; i < n; i++ {
-		channel(t, dial(t, "", amqp.Config{Heartbeat: time.Second}))
+		testenv.Channel(t, dial(t, "", amqp.Config{Heartbeat: time.Second}))
 	}
 	after := settle()
 	if per := float64(after-before) / n; per != 1 {
@@ -351,8 +331,8 @@ func TestResetReleasesEveryWaiter(t *testing.T) {
 	}
 
 	for i := 0; i < each; i++ {
-		ch := channel(t, conn)
-		q := exclusiveQueue(t, ch)
+		ch := testenv.Channel(t, conn)
+		q := testenv.ExclusiveQueue(t, ch)
 		deliveries, err := ch.Consume(q, "", true, false, false, false, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -381,11 +361,11 @@ func TestResetReleasesEveryWaiter(t *testing.T) {
 	// with confirms, RPC callers and DrainEvents loops. Their own traffic
 	// triggers the reset once the toxic is in place.
 	for i := 0; i < each; i++ {
-		pubCh := channel(t, conn)
+		pubCh := testenv.Channel(t, conn)
 		if err := pubCh.Confirm(false); err != nil {
 			t.Fatal(err)
 		}
-		q := exclusiveQueue(t, pubCh)
+		q := testenv.ExclusiveQueue(t, pubCh)
 		start("publisher with confirms", func() error {
 			for {
 				dc, err := pubCh.PublishWithDeferredConfirmWithContext(context.Background(), "", q, false, false, amqp.Publishing{})
@@ -397,7 +377,7 @@ func TestResetReleasesEveryWaiter(t *testing.T) {
 				}
 			}
 		})
-		rpcCh := channel(t, conn)
+		rpcCh := testenv.Channel(t, conn)
 		start("RPC caller", func() error {
 			for {
 				if _, err := rpcCh.QueueDeclarePassive(q, false, true, true, false, nil); err != nil {
@@ -447,7 +427,7 @@ func brokerURL(t *testing.T) string { return testenv.AMQPURL(t) }
 // mode (see the package doc).
 func TestUnreadCloseListenerStallsNobody(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	chA := channel(t, conn)
+	chA := testenv.Channel(t, conn)
 	closed := chA.NotifyClose(make(chan *amqp.Error, 1))
 	_, err := chA.QueueDeclarePassive("drainer-test-no-such-queue", false, false, false, false, nil)
 	var amqpErr *amqp.Error
@@ -480,7 +460,7 @@ func TestRecoveryKeepsDrainerMode(t *testing.T) {
 	}})
 	states := make(chan *amqp.StateChanged, 16)
 	conn.NotifyStateChange(states)
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 
 	toxic := proxy.ResetPeer(toxi.Upstream, 0)
 	_ = ch.PublishWithContext(context.Background(), "", "", false, false, amqp.Publishing{}) // triggers the reset
@@ -504,7 +484,7 @@ func TestRecoveryKeepsDrainerMode(t *testing.T) {
 	if got := conn.ReadMode(); got != "drainer" {
 		t.Fatalf("ReadMode() after recovery = %q, want drainer", got)
 	}
-	q := exclusiveQueue(t, ch)
+	q := testenv.ExclusiveQueue(t, ch)
 	if _, err := ch.QueueDeclarePassive(q, false, true, true, false, nil); err != nil {
 		t.Fatalf("an RPC on the recovered channel: %v", err)
 	}

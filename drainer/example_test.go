@@ -72,3 +72,29 @@ func ExampleDialConfig_closedIntentionally() {
 		log.Print("connection lost: reconnect")
 	}
 }
+
+// A consumer in drainer mode. Nothing else changes from upstream: the
+// drainer reads, and a handler that falls behind makes it pause reading at
+// the budget instead of buffering without limit.
+func ExampleDial_consumer() {
+	conn, err := drainer.Dial("amqp://guest:guest@127.0.0.1:5672/", drainer.Options{Budget: 16 << 20})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Qos(100, 0, false); err != nil {
+		log.Fatal(err)
+	}
+	deliveries, err := ch.Consume("jobs", "", false, false, false, false, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for d := range deliveries {
+		log.Printf("got %q", d.Body)
+		_ = d.Ack(false)
+	}
+}

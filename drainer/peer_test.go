@@ -16,6 +16,7 @@ import (
 
 	"github.com/amqp091-drainer/amqp091-drainer/drainer"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/fakepeer"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
 )
 
 // Tests here script the broker with the fake peer: RabbitMQ cannot be made
@@ -64,7 +65,7 @@ func TestUnreadFlowAndBlockedListenersStallNobody(t *testing.T) {
 
 	conn := dial(t, peer.URL(), amqp.Config{})
 	blocks := conn.NotifyBlocked(make(chan amqp.Blocking))
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 	flows := ch.NotifyFlow(make(chan bool))
 
 	start := time.Now()
@@ -134,7 +135,7 @@ func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 
 	published := make(chan error, 1)
 	go func() {
@@ -185,8 +186,8 @@ func TestCloseUnderLoad(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		consumerCh, publisherCh := channel(t, conn), channel(t, conn)
-		q := exclusiveQueue(t, consumerCh)
+		consumerCh, publisherCh := testenv.Channel(t, conn), testenv.Channel(t, conn)
+		q := testenv.ExclusiveQueue(t, consumerCh)
 		deliveries, err := consumerCh.Consume(q, "", true, false, false, false, nil)
 		if err != nil {
 			t.Fatal(err)

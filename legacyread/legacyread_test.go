@@ -35,24 +35,6 @@ func dial(t *testing.T, url string, cfg amqp.Config) *amqp.Connection {
 	return conn
 }
 
-func channel(t *testing.T, conn *amqp.Connection) *amqp.Channel {
-	t.Helper()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatalf("Channel: %v", err)
-	}
-	return ch
-}
-
-func exclusiveQueue(t *testing.T, ch *amqp.Channel) string {
-	t.Helper()
-	q, err := ch.QueueDeclare("", false, true, true, false, nil)
-	if err != nil {
-		t.Fatalf("QueueDeclare: %v", err)
-	}
-	return q.Name
-}
-
 // settledGoroutines waits for the goroutine count to hold still.
 func settledGoroutines() int {
 	tick := time.NewTicker(50 * time.Millisecond)
@@ -74,7 +56,7 @@ func settledGoroutines() int {
 func TestIdleConnectionHasNoGoroutines(t *testing.T) {
 	before := settledGoroutines()
 	for i := 0; i < 10; i++ {
-		channel(t, dial(t, "", amqp.Config{}))
+		testenv.Channel(t, dial(t, "", amqp.Config{}))
 	}
 	if after := settledGoroutines(); after != before {
 		t.Fatalf("10 idle legacy connections added %d goroutines, want 0", after-before)
@@ -88,8 +70,8 @@ func TestRPCsPumpTheirOwnReplies(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
 	for i := 0; i < 8; i++ {
-		ch := channel(t, conn)
-		q := exclusiveQueue(t, ch)
+		ch := testenv.Channel(t, conn)
+		q := testenv.ExclusiveQueue(t, ch)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -112,11 +94,11 @@ func TestRPCsPumpTheirOwnReplies(t *testing.T) {
 // goroutine reading.
 func TestConfirmWaitReadsFrames(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 	if err := ch.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	q := exclusiveQueue(t, ch)
+	q := testenv.ExclusiveQueue(t, ch)
 	for i := 0; i < 20; i++ {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(context.Background(), "", q, false, false, amqp.Publishing{Body: []byte("x")})
 		if err != nil {
@@ -140,8 +122,8 @@ func TestConfirmWaitReadsFrames(t *testing.T) {
 // TestConsumerNeedsADrainLoop: deliveries arrive only while someone drains.
 func TestConsumerNeedsADrainLoop(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	ch := channel(t, conn)
-	q := exclusiveQueue(t, ch)
+	ch := testenv.Channel(t, conn)
+	q := testenv.ExclusiveQueue(t, ch)
 	deliveries, err := ch.Consume(q, "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +196,7 @@ func TestDrainEventsKeepsPartialFrames(t *testing.T) {
 		return s.AnswerClose()
 	})
 	conn := dial(t, peer.URL(), amqp.Config{})
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 	deliveries, err := ch.Consume("q", "", true, false, false, false, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -236,8 +218,8 @@ func TestDrainEventsKeepsPartialFrames(t *testing.T) {
 // connection, a publish waits for the transport lock.
 func TestPublishWaitsBehindABlockingDrain(t *testing.T) {
 	conn := dial(t, "", amqp.Config{})
-	ch := channel(t, conn)
-	q := exclusiveQueue(t, ch)
+	ch := testenv.Channel(t, conn)
+	q := testenv.ExclusiveQueue(t, ch)
 	stop := make(chan struct{})
 	drained := make(chan struct{})
 	go func() {
@@ -277,7 +259,7 @@ func TestPublishWaitsBehindABlockingDrain(t *testing.T) {
 // in, the broker drops the connection; the next call finds out.
 func TestIdleConnectionIsNotKeptAlive(t *testing.T) {
 	conn := dial(t, "", amqp.Config{Heartbeat: time.Second})
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 	<-time.After(5 * time.Second) // the idle period is the scenario
 	_, err := ch.QueueDeclare("", false, true, true, false, nil)
 	if err == nil {
@@ -297,8 +279,8 @@ func TestCloseWithActiveDrainAndPublisher(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch := channel(t, conn)
-		q := exclusiveQueue(t, ch)
+		ch := testenv.Channel(t, conn)
+		q := testenv.ExclusiveQueue(t, ch)
 		var wg sync.WaitGroup
 		drainErr := make(chan error, 1)
 		wg.Add(2)
@@ -353,8 +335,8 @@ func TestCloseWithActiveDrainAndPublisher(t *testing.T) {
 func TestResetIsFoundOnTheNextTurn(t *testing.T) {
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	conn := dial(t, proxy.URL(), amqp.Config{})
-	ch := channel(t, conn)
-	q := exclusiveQueue(t, ch)
+	ch := testenv.Channel(t, conn)
+	q := testenv.ExclusiveQueue(t, ch)
 	proxy.ResetPeer(toxi.Upstream, 0)
 	var wg sync.WaitGroup
 	for i := 0; i < 10; i++ {
@@ -381,7 +363,7 @@ func TestResetIsFoundOnTheNextTurn(t *testing.T) {
 // stays up while the application calls in: a drain loop sends heartbeats.
 func TestDrainLoopKeepsTheConnectionAlive(t *testing.T) {
 	conn := dial(t, "", amqp.Config{Heartbeat: time.Second})
-	ch := channel(t, conn)
+	ch := testenv.Channel(t, conn)
 	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
 		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 		err := conn.DrainEvents(ctx)

@@ -192,3 +192,25 @@ func redact(s string) string {
 	}
 	return u.Redacted()
 }
+
+// Channel opens a channel on conn, failing tb if it cannot.
+func Channel(tb testing.TB, conn *amqp.Connection) *amqp.Channel {
+	tb.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		tb.Fatalf("testenv: open a channel: %v", err)
+	}
+	return ch
+}
+
+// ExclusiveQueue declares a server-named, exclusive, auto-delete queue on
+// ch and returns its name. Tests use exclusive queues because RabbitMQ 4.3
+// refuses transient non-exclusive ones.
+func ExclusiveQueue(tb testing.TB, ch *amqp.Channel) string {
+	tb.Helper()
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		tb.Fatalf("testenv: declare an exclusive queue: %v", err)
+	}
+	return q.Name
+}
