@@ -115,10 +115,19 @@ func TestDrainEventsWaitsForAFrame(t *testing.T) {
 		t.Skip("legacy DrainEvents over io.Pipe cannot honour ctx mid-read")
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer cancel()
-	if err := c.DrainEvents(ctx); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("DrainEvents with nothing to read = %v, want context.DeadlineExceeded", err)
+	// Upstream's reader counts a frame after dispatching it, so the
+	// handshake's last frame may still count as progress for the first
+	// call (see drainUpstream); the second must find nothing to read.
+	for try := 1; ; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		err := c.DrainEvents(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		if err != nil || try == 2 {
+			t.Fatalf("DrainEvents with nothing to read = %v, want context.DeadlineExceeded", err)
+		}
 	}
 
 	drained := make(chan error, 1)
