@@ -52,7 +52,31 @@ func startServer() (string, error) {
 	}); err != nil {
 		return "", err
 	}
+	return launchRetrying(func(p *process) { procs = append(procs, p) })
+}
 
+// StartServer starts a Toxiproxy server for a program rather than a test,
+// such as the benchmark runner, and returns its API URL and a function that
+// stops it. The server is built as for tests, from the module that governs
+// the working directory, and dies with the calling process.
+func StartServer() (apiURL string, stop func(), err error) {
+	var procs []*process
+	stop = func() {
+		for _, p := range procs {
+			p.stop()
+		}
+	}
+	u, err := launchRetrying(func(p *process) { procs = append(procs, p) })
+	if err != nil {
+		stop()
+		return "", nil, err
+	}
+	return u, stop, nil
+}
+
+// launchRetrying builds the server if needed and starts it, handing every
+// process it started to own, which must stop them.
+func launchRetrying(own func(*process)) (string, error) {
 	bin, err := serverBinary()
 	if err != nil {
 		return "", err
@@ -63,7 +87,7 @@ func startServer() (string, error) {
 	for range 3 {
 		u, p, err := launch(bin)
 		if p != nil {
-			procs = append(procs, p)
+			own(p)
 		}
 		if err == nil {
 			return u, nil

@@ -1,0 +1,38 @@
+//go:build !pristine
+
+package readmode
+
+import (
+	"context"
+	"fmt"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/compat"
+)
+
+// Build names the build this binary was compiled against.
+const Build = "patched"
+
+// Modes lists the read modes this build offers.
+func Modes() []string { return []string{Upstream, Legacy, Drainer} }
+
+// DialConfig dials url with cfg in the named read mode.
+func DialConfig(url string, cfg amqp.Config, mode string) (*amqp.Connection, error) {
+	m, err := compat.ParseMode(mode)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
+	}
+	return compat.DialConfig(url, cfg, m)
+}
+
+// DrainEvents reads and dispatches frames until at least one arrived or ctx
+// ends, as the patched Connection.DrainEvents does in every mode. Legacy
+// mode needs a caller in it for anything to be delivered; in the other
+// modes a background goroutine reads and it only waits.
+func DrainEvents(ctx context.Context, conn *amqp.Connection) error {
+	return conn.DrainEvents(ctx)
+}
+
+// ReadMode reports the read mode conn runs in.
+func ReadMode(conn *amqp.Connection) string { return conn.ReadMode() }

@@ -1,0 +1,38 @@
+//go:build pristine
+
+package readmode
+
+import (
+	"context"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Build names the build this binary was compiled against.
+const Build = "pristine"
+
+// Modes lists the read modes this build offers.
+func Modes() []string { return []string{Upstream} }
+
+// DialConfig dials url with cfg. Upstream is the only mode of this build.
+func DialConfig(url string, cfg amqp.Config, mode string) (*amqp.Connection, error) {
+	if mode != Upstream && mode != "" {
+		return nil, ErrUnsupported
+	}
+	return amqp.DialConfig(url, cfg)
+}
+
+// DrainEvents waits until ctx ends: pristine upstream reads and dispatches
+// in its own reader goroutine and offers no call to drive it, so a drain
+// loop on this build is a goroutine that waits, as an idle consumer does.
+func DrainEvents(ctx context.Context, conn *amqp.Connection) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-conn.NotifyClose(make(chan *amqp.Error, 1)):
+		return amqp.ErrClosed
+	}
+}
+
+// ReadMode reports the read mode conn runs in.
+func ReadMode(*amqp.Connection) string { return Upstream }

@@ -1,0 +1,159 @@
+package scenario
+
+import (
+	"fmt"
+	"slices"
+)
+
+// Variants are the four builds-and-modes every scenario compares, in the
+// order reports list them.
+var Variants = []Variant{
+	{Name: "pristine", Build: "pristine", Mode: "upstream"},
+	{Name: "upstream", Build: "patched", Mode: "upstream"},
+	{Name: "legacy", Build: "patched", Mode: "legacy"},
+	{Name: "drainer", Build: "patched", Mode: "drainer"},
+}
+
+// A Variant is one build in one read mode.
+type Variant struct {
+	Name  string `json:"name"`  // pristine, upstream, legacy or drainer
+	Build string `json:"build"` // pristine or patched
+	Mode  string `json:"mode"`  // upstream, legacy or drainer
+}
+
+// A Report says how BENCHMARKS.md presents a scenario: a table with a row
+// per variant, the ratios between variants, and the issue's targets.
+type Report struct {
+	Columns   []Column
+	Ratios    []Ratio
+	Targets   []Target
+	Reference string // the reference figures, in Markdown, printed beside ours
+	Charts    []string // latency names whose distributions are charted
+}
+
+// A Column is one figure of the table: the min/median/max of a metric
+// over the repetitions.
+type Column struct {
+	Label  string
+	Metric string
+	Digits int // decimals printed
+}
+
+// A Ratio divides the median of a metric in one variant by its median in
+// another: "legacy P99 / drainer P99" says how many times better the
+// drainer is.
+type Ratio struct {
+	Label    string
+	Metric   string
+	Num, Den string // variant names
+}
+
+// A Target is one goal of the issue, checked against the aggregate.
+type Target struct {
+	Text  string
+	Check func(a Agg) (measured string, ok bool)
+}
+
+// A Stat is a metric over the repetitions of one variant.
+type Stat struct {
+	Min    float64 `json:"min"`
+	Median float64 `json:"median"`
+	Max    float64 `json:"max"`
+	N      int     `json:"n"`
+}
+
+// Agg holds the stats of one case: variant name, then metric.
+type Agg map[string]map[string]Stat
+
+// Get returns the stat of metric in variant, and whether it was measured.
+func (a Agg) Get(variant, metric string) (Stat, bool) {
+	s, ok := a[variant][metric]
+	return s, ok
+}
+
+// Median returns the median of metric in variant, or NaN-free false.
+func (a Agg) Median(variant, metric string) (float64, bool) {
+	s, ok := a.Get(variant, metric)
+	return s.Median, ok
+}
+
+// Ratio evaluates r, reporting false if either side is missing or the
+// denominator is zero.
+func (a Agg) Ratio(r Ratio) (float64, bool) {
+	n, ok1 := a.Median(r.Num, r.Metric)
+	d, ok2 := a.Median(r.Den, r.Metric)
+	if !ok1 || !ok2 || d == 0 {
+		return 0, false
+	}
+	return n / d, true
+}
+
+// Aggregate reduces repetitions (each a metric map) to stats.
+func Aggregate(reps []map[string]float64) map[string]Stat {
+	values := map[string][]float64{}
+	for _, m := range reps {
+		for k, v := range m {
+			values[k] = append(values[k], v)
+		}
+	}
+	out := map[string]Stat{}
+	for k, vs := range values {
+		slices.Sort(vs)
+		med := vs[len(vs)/2]
+		if len(vs)%2 == 0 {
+			med = (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
+		}
+		out[k] = Stat{Min: vs[0], Median: med, Max: vs[len(vs)-1], N: len(vs)}
+	}
+	return out
+}
+
+// AtMost is a Target that the median of metric in variant is at most
+// limit.
+func AtMost(text, variant, metric string, limit float64, unit string) Target {
+	return Target{Text: text, Check: func(a Agg) (string, bool) {
+		v, ok := a.Median(variant, metric)
+		if !ok {
+			return "not measured", false
+		}
+		return fmt.Sprintf("%s %s", FormatNumber(v, 3), unit), v <= limit
+	}}
+}
+
+// AtLeastRatio is a Target that ratio r is at least limit.
+func AtLeastRatio(text string, r Ratio, limit float64) Target {
+	return Target{Text: text, Check: func(a Agg) (string, bool) {
+		v, ok := a.Ratio(r)
+		if !ok {
+			return "not measured", false
+		}
+		return fmt.Sprintf("%s×", FormatNumber(v, 2)), v >= limit
+	}}
+}
+
+// FormatNumber prints v with the given decimals and thousands separators.
+func FormatNumber(v float64, digits int) string {
+	s := fmt.Sprintf("%.*f", digits, v)
+	neg := s[0] == '-'
+	if neg {
+		s = s[1:]
+	}
+	intPart, frac := s, ""
+	for i := range s {
+		if s[i] == '.' {
+			intPart, frac = s[:i], s[i:]
+			break
+		}
+	}
+	var b []byte
+	for i := range intPart {
+		if i > 0 && (len(intPart)-i)%3 == 0 {
+			b = append(b, ',')
+		}
+		b = append(b, intPart[i])
+	}
+	if neg {
+		return "-" + string(b) + frac
+	}
+	return string(b) + frac
+}
