@@ -5,7 +5,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench lint upstream-tests upstream-tests-pristine actionlint modfiles
+.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine actionlint modfiles
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
@@ -15,9 +15,17 @@ vendor:
 test: vendor
 	scripts/test
 
-## bench: the A/B benchmark with defaults
+## bench: the A/B benchmark suite with defaults (3 reps, every scenario); writes BENCHMARKS.md
 bench: vendor
 	scripts/bench
+
+## ab: pristine against patched (drainer mode) through benchstat, on a subset (scripts/ab -h)
+ab: vendor
+	scripts/ab
+
+## bench-smoke: every scenario once at smoke-test sizes, report under .cache (part of make test)
+bench-smoke: vendor
+	scripts/bench -quick -reps 1 -report .cache/bench/smoke/BENCHMARKS.md -results .cache/bench/smoke
 
 ## lint: gofmt, go vet and staticcheck over our code and the overlay inside the vendored tree
 lint: vendor

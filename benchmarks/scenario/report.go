@@ -27,7 +27,7 @@ type Report struct {
 	Columns   []Column
 	Ratios    []Ratio
 	Targets   []Target
-	Reference string // the reference figures, in Markdown, printed beside ours
+	Reference string   // the reference figures, in Markdown, printed beside ours
 	Charts    []string // latency names whose distributions are charted
 }
 

@@ -28,6 +28,7 @@ type Output struct {
 	Scenario   string           `json:"scenario"`
 	Case       string           `json:"case"`
 	Build      string           `json:"build"`
+	AMQP091    string           `json:"amqp091"`
 	Mode       string           `json:"mode"`
 	GoVersion  string           `json:"go_version"`
 	GOMAXPROCS int              `json:"gomaxprocs"`
@@ -68,7 +69,7 @@ func main() {
 		return
 	}
 
-	out := Output{Scenario: *name, Case: *c, Build: readmode.Build, Mode: *mode,
+	out := Output{Scenario: *name, Case: *c, Build: readmode.Build, AMQP091: amqpBuild(), Mode: *mode,
 		GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), Started: time.Now()}
 	s, err := scenario.Lookup(*name)
 	if err != nil {

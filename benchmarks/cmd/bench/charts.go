@@ -1,0 +1,194 @@
+package main
+
+import (
+	"fmt"
+	"image/color"
+	"path/filepath"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
+)
+
+// variantColors keeps each variant's colour the same in every chart.
+var variantColors = map[string]color.Color{
+	"pristine": color.RGBA{R: 120, G: 120, B: 120, A: 255},
+	"upstream": color.RGBA{R: 31, G: 119, B: 180, A: 255},
+	"legacy":   color.RGBA{R: 214, G: 39, B: 40, A: 255},
+	"drainer":  color.RGBA{R: 44, G: 160, B: 44, A: 255},
+}
+
+// floorMs keeps zero latencies on a log axis.
+const floorMs = 0.001
+
+// drawCharts writes a latency-distribution chart for every charted
+// latency of every case, and one chart of all ratios. It returns the
+// files by key (chartKey, or "ratios").
+func drawCharts(s suite, dir string) (map[string]string, error) {
+	files := map[string]string{}
+	for _, sr := range s.Scenarios {
+		for _, cr := range sr.Cases {
+			for _, name := range sr.spec.Report.Charts {
+				p, ok, err := latencyChart(sr, cr, name)
+				if err != nil {
+					return nil, err
+				}
+				if !ok {
+					continue
+				}
+				file := filepath.Join(dir, fileName(sr.Name, cr.Case, name)+".png")
+				if err := p.Save(16*vg.Centimeter, 10*vg.Centimeter, file); err != nil {
+					return nil, err
+				}
+				files[chartKey(sr.Name, cr.Case, name)] = file
+			}
+		}
+	}
+	p, ok, err := ratioChart(s)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		file := filepath.Join(dir, "ratios.png")
+		if err := p.Save(18*vg.Centimeter, vg.Length(2+0.6*float64(ratioCount(s)))*vg.Centimeter+3*vg.Centimeter, file); err != nil {
+			return nil, err
+		}
+		files["ratios"] = file
+	}
+	return files, nil
+}
+
+func chartKey(scen, c, latency string) string { return scen + "|" + c + "|" + latency }
+
+func fileName(parts ...string) string {
+	var keep []string
+	for _, p := range parts {
+		if p == "" {
+			continue
+		}
+		keep = append(keep, strings.Map(func(r rune) rune {
+			if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+				return r
+			}
+			return '-'
+		}, strings.ToLower(p)))
+	}
+	return strings.Join(keep, "_")
+}
+
+// latencyChart plots, per variant, latency against percentile on a log
+// scale, from the median over repetitions of each percentile.
+func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, bool, error) {
+	p := plot.New()
+	p.Title.Text = strings.Join(strings.Fields(fmt.Sprintf("%s %s", sr.Name, cr.Case)), " ") + ": " + name + " latency"
+	p.X.Label.Text = "percentile"
+	p.Y.Label.Text = "ms (log)"
+	p.Y.Scale = plot.LogScale{}
+	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+	p.Legend.Top = true
+	p.Legend.Left = true
+	var labels []string
+	drawn := false
+	for _, v := range cr.Variants {
+		pts := cr.Points[v][name]
+		if len(pts) == 0 {
+			continue
+		}
+		xy := make(plotter.XYs, len(pts))
+		for i, pt := range pts {
+			xy[i].X = float64(i)
+			xy[i].Y = max(pt.Millis, floorMs)
+			if len(labels) < len(pts) {
+				labels = append(labels, fmt.Sprintf("p%g", pt.Percentile))
+			}
+		}
+		line, points, err := plotter.NewLinePoints(xy)
+		if err != nil {
+			return nil, false, err
+		}
+		line.Color = variantColors[v]
+		line.Width = vg.Points(1.5)
+		points.Color = variantColors[v]
+		points.Shape = draw.CircleGlyph{}
+		p.Add(line, points)
+		p.Legend.Add(v, line)
+		drawn = true
+	}
+	ticks := make([]plot.Tick, len(labels))
+	for i, l := range labels {
+		ticks[i] = plot.Tick{Value: float64(i), Label: l}
+	}
+	p.X.Tick.Marker = plot.ConstantTicks(ticks)
+	return p, drawn, nil
+}
+
+func ratioCount(s suite) int {
+	n := 0
+	for _, sr := range s.Scenarios {
+		for _, cr := range sr.Cases {
+			for _, r := range sr.spec.Report.Ratios {
+				if _, ok := cr.Agg.Ratio(r); ok {
+					n++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// ratioChart draws every ratio of the run as a dot on a log axis, with a
+// line at 1 (parity).
+func ratioChart(s suite) (*plot.Plot, bool, error) {
+	type entry struct {
+		label string
+		v     float64
+	}
+	var es []entry
+	for _, sr := range s.Scenarios {
+		for _, cr := range sr.Cases {
+			for _, r := range sr.spec.Report.Ratios {
+				if v, ok := cr.Agg.Ratio(r); ok && v > 0 {
+					label := strings.TrimSpace(fmt.Sprintf("%s %s: %s", sr.Name, cr.Case, r.Label))
+					es = append(es, entry{label, v})
+				}
+			}
+		}
+	}
+	if len(es) == 0 {
+		return nil, false, nil
+	}
+	p := plot.New()
+	p.Title.Text = "ratios between variants (log scale; 1 = parity)"
+	p.X.Scale = plot.LogScale{}
+	p.X.Tick.Marker = plot.LogTicks{Prec: -1}
+	xy := make(plotter.XYs, len(es))
+	ticks := make([]plot.Tick, len(es))
+	lo, hi := 1.0, 1.0
+	for i, e := range es {
+		y := float64(len(es) - 1 - i)
+		xy[i] = plotter.XY{X: e.v, Y: y}
+		ticks[i] = plot.Tick{Value: y, Label: fmt.Sprintf("%s = %s×", e.label, scenario.FormatNumber(e.v, ratioDigits(e.v)))}
+		lo, hi = min(lo, e.v), max(hi, e.v)
+	}
+	dots, err := plotter.NewScatter(xy)
+	if err != nil {
+		return nil, false, err
+	}
+	dots.Shape = draw.CircleGlyph{}
+	dots.Radius = vg.Points(4)
+	dots.Color = variantColors["drainer"]
+	parity, err := plotter.NewLine(plotter.XYs{{X: 1, Y: -0.5}, {X: 1, Y: float64(len(es)) - 0.5}})
+	if err != nil {
+		return nil, false, err
+	}
+	parity.Dashes = []vg.Length{vg.Points(3), vg.Points(3)}
+	p.Add(parity, dots)
+	p.Y.Tick.Marker = plot.ConstantTicks(ticks)
+	p.X.Min, p.X.Max = lo/2, hi*2
+	p.Y.Min, p.Y.Max = -0.5, float64(len(es))-0.5
+	return p, true, nil
+}

@@ -1,0 +1,179 @@
+// Command bench is the A/B benchmark runner behind `make bench`.
+//
+// It builds the scenario program (benchmarks/cmd/benchscenario) twice, once
+// against pristine upstream amqp091-go (go.upstream.mod, build tag
+// "pristine") and once against the patched tree, starts a Toxiproxy
+// server as a process of its own, and runs every scenario's cases in four
+// variants: the pristine build, and the patched build in upstream, legacy
+// and drainer modes. Each measurement is a fresh process. Repetitions are
+// interleaved (variant 1..4, then again) so that the machine's drift is
+// shared rather than charged to one variant.
+//
+// It writes the raw results as JSON, BENCHMARKS.md with the tables, ratios
+// and targets beside the reference figures, and PNG charts. With -ab it
+// instead compares the pristine build with the patched build in one mode,
+// through benchstat.
+//
+//	go run ./benchmarks/cmd/bench                       # everything, 3 reps
+//	go run ./benchmarks/cmd/bench -scenarios throughput -reps 5
+//	go run ./benchmarks/cmd/bench -ab -mode drainer -scenarios stalled-consumer,throughput
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/toxi"
+)
+
+func main() {
+	var cfg config
+	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each measurement (scenarios that fix their own count keep it)")
+	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios to run; empty means all")
+	flag.StringVar(&cfg.variants, "variants", "", "comma-separated variants (pristine,upstream,legacy,drainer); empty means all")
+	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test sizes: checks the suite runs, measures nothing worth quoting")
+	flag.StringVar(&cfg.report, "report", "BENCHMARKS.md", "the Markdown report to write")
+	flag.StringVar(&cfg.results, "results", "benchmarks/results", "directory for the raw JSON and the charts")
+	flag.BoolVar(&cfg.ab, "ab", false, "compare the pristine build with the patched build in -mode through benchstat, instead of writing the report")
+	flag.StringVar(&cfg.abMode, "mode", "drainer", "with -ab: the patched build's read mode")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := runSuite(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// config is the command line.
+type config struct {
+	reps            int
+	scenarios       string
+	variants        string
+	quick           bool
+	report, results string
+	ab              bool
+	abMode          string
+}
+
+func runSuite(ctx context.Context, cfg config) error {
+	if _, err := os.Stat("go.upstream.mod"); err != nil {
+		return errors.New("run from the repository root (where go.upstream.mod is); `make bench` does")
+	}
+	start := time.Now()
+	bins, err := buildBinaries(ctx)
+	if err != nil {
+		return err
+	}
+	env, err := describeEnvironment()
+	if err != nil {
+		return err
+	}
+	logf("broker RabbitMQ %s at %s; %d CPUs; %s", env.Broker, redact(env.BrokerURL), env.CPUs, env.GoVersion)
+
+	toxURL := os.Getenv("TOXIPROXY_URL")
+	if toxURL == "" {
+		u, stopToxi, err := toxi.StartServer()
+		if err != nil {
+			return fmt.Errorf("start Toxiproxy: %w", err)
+		}
+		defer stopToxi()
+		toxURL = u
+	}
+	defer sweep(env.BrokerURL, toxURL)
+
+	plan, err := makePlan(cfg, bins)
+	if err != nil {
+		return err
+	}
+	logf("%d measurements planned", plan.count())
+	runs := plan.execute(ctx, runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick})
+	env.Seconds = time.Since(start).Seconds()
+	env.Reps, env.Quick = cfg.reps, cfg.quick
+
+	if cfg.ab {
+		return abCompare(ctx, cfg, runs)
+	}
+	if err := os.MkdirAll(cfg.results, 0o755); err != nil {
+		return err
+	}
+	suite := assemble(env, plan, runs)
+	if err := writeJSON(filepath.Join(cfg.results, "results.json"), suite); err != nil {
+		return err
+	}
+	charts, err := drawCharts(suite, cfg.results)
+	if err != nil {
+		return fmt.Errorf("charts: %w", err)
+	}
+	if err := writeReport(cfg.report, suite, charts, cfg.results); err != nil {
+		return err
+	}
+	logf("wrote %s, %s/results.json and %d charts in %s", cfg.report, cfg.results, len(charts), time.Since(start).Round(time.Second))
+	return nil
+}
+
+// binaries are the two builds of the scenario program.
+type binaries struct{ pristine, patched string }
+
+// buildBinaries compiles the scenario program against both trees.
+func buildBinaries(ctx context.Context) (binaries, error) {
+	dir := filepath.Join(".cache", "bench")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return binaries{}, err
+	}
+	b := binaries{pristine: filepath.Join(dir, "benchscenario-pristine"), patched: filepath.Join(dir, "benchscenario-patched")}
+	builds := [][]string{
+		{"build", "-modfile=go.upstream.mod", "-tags", "pristine", "-o", b.pristine, "./benchmarks/cmd/benchscenario"},
+		{"build", "-o", b.patched, "./benchmarks/cmd/benchscenario"},
+	}
+	for i, args := range builds {
+		cmd := exec.CommandContext(ctx, "go", args...)
+		if i == 0 {
+			// -modfile and workspaces exclude each other: the pristine
+			// build is the root module alone, with go.upstream.mod.
+			cmd.Env = append(os.Environ(), "GOWORK=off")
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+	}
+	return b, nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+}
+
+// variantsFor returns the variants a scenario runs in, filtered by -variants.
+func variantsFor(modes []string, filter string) []scenario.Variant {
+	var out []scenario.Variant
+	for _, v := range scenario.Variants {
+		if filter != "" && !contains(strings.Split(filter, ","), v.Name) {
+			continue
+		}
+		if len(modes) > 0 && !contains(modes, v.Mode) {
+			continue
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if strings.TrimSpace(x) == s {
+			return true
+		}
+	}
+	return false
+}
