@@ -256,6 +256,7 @@ func TestIdlePublishOnlyConnectionStaysAlive(t *testing.T) {
 // connection is declared dead within three heartbeat intervals.
 func TestBlackholeIsDetected(t *testing.T) {
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
+	proxy.ArmResets() // a real TCP RST, not an orderly close
 	conn := dial(t, proxy.URL(), amqp.Config{Heartbeat: time.Second})
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	start := time.Now()
@@ -312,6 +313,7 @@ func TestOneGoroutinePerIdleConnection(t *testing.T) {
 // second of each other.
 func TestResetReleasesEveryWaiter(t *testing.T) {
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
+	proxy.ArmResets() // a real TCP RST, not an orderly close
 	conn := dial(t, proxy.URL(), amqp.Config{})
 	const each = 10
 
@@ -455,6 +457,7 @@ func TestUnreadCloseListenerStallsNobody(t *testing.T) {
 // failure to recover from.
 func TestRecoveryKeepsDrainerMode(t *testing.T) {
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
+	proxy.ArmResets() // a real TCP RST, not an orderly close
 	conn := dial(t, proxy.URL(), amqp.Config{Recovery: &amqp.Recovery{
 		ReconnectionConfig: &amqp.ReconnectionConfig{MaxRetryCount: 20, RetryInterval: 200 * time.Millisecond},
 	}})

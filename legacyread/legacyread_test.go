@@ -334,6 +334,7 @@ func TestCloseWithActiveDrainAndPublisher(t *testing.T) {
 // waiter gets an error when its turn comes.
 func TestResetIsFoundOnTheNextTurn(t *testing.T) {
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
+	proxy.ArmResets() // a real TCP RST, not an orderly close
 	conn := dial(t, proxy.URL(), amqp.Config{})
 	ch := testenv.Channel(t, conn)
 	q := testenv.ExclusiveQueue(t, ch)

@@ -162,11 +162,30 @@ const (
 	Downstream Stream = "downstream" // broker to client
 )
 
-// ResetPeer resets connections (TCP RST) once data arrives on s, after
-// waiting timeout. It returns the toxic's name, for RemoveToxic.
+// ResetPeer closes connections once data arrives on s, after waiting
+// timeout. It returns the toxic's name, for RemoveToxic.
+//
+// The close is a TCP RST only for connections opened after ArmResets (or
+// while another reset_peer toxic existed): Toxiproxy sets SO_LINGER 0,
+// which turns a close into a reset, when it links a connection, not when a
+// toxic is added. Connections opened before see an orderly close (EOF).
 func (p *Proxy) ResetPeer(s Stream, timeout time.Duration) string {
 	p.tb.Helper()
 	return p.add("reset_peer", s, toxiproxy.Attributes{"timeout": ms(timeout)})
+}
+
+// ArmResets makes a later ResetPeer a true TCP reset for the connections
+// opened from now on: it adds a reset_peer toxic that never fires
+// (toxicity 0) on both streams, whose presence is what makes Toxiproxy
+// give new connections SO_LINGER 0. Call it before dialling.
+func (p *Proxy) ArmResets() {
+	p.tb.Helper()
+	for _, s := range []Stream{Upstream, Downstream} {
+		name := fmt.Sprintf("reset_peer_armed_%s_%d", s, p.n.Add(1))
+		if _, err := p.p.AddToxic(name, "reset_peer", string(s), 0, toxiproxy.Attributes{"timeout": 0}); err != nil {
+			p.tb.Fatalf("toxi: proxy %s: arm resets: %v", p.p.Name, err)
+		}
+	}
 }
 
 // Timeout stops all data on s and closes connections after timeout; with a

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"time"
 )
@@ -61,11 +62,17 @@ func autoDrain(c *Connection, l *legacyConn) {
 		switch {
 		case err == nil, errors.Is(err, context.DeadlineExceeded):
 		case errors.Is(err, ErrClosedIntentionally):
-			// Over io.Pipe nothing is buffered: keep reading alongside
-			// Close until the end, or a peer writing to us would block the
-			// close handshake.
+			// Close pumps for its own close-ok, as a legacy application's
+			// drain loop stops here. Over io.Pipe, though, nothing is
+			// buffered and reads cannot be cut short: keep reading
+			// alongside Close until the end, or a peer writing to us would
+			// block the close handshake. Never over a net.Conn, where that
+			// read would hold the transport lock that Close's
+			// connection.close must take to be written.
 			if g := l.current(); g != nil {
-				_, _ = l.await(context.WithValue(context.Background(), closerKey{}, true), g, nil, nil, g.dead)
+				if _, isNet := g.conn.(net.Conn); !isNet {
+					_, _ = l.await(context.WithValue(context.Background(), closerKey{}, true), g, nil, nil, g.dead)
+				}
 			}
 			return
 		case !c.IsRecoveryEnabled():
