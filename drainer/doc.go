@@ -25,8 +25,12 @@
 //     the connection with a FrameError (501) that says what was wrong.
 //  5. Heartbeats in the same loop. Read deadlines double as the timer; a
 //     heartbeat goes out only when nothing else was written in the
-//     interval, and never by waiting for the write lock. A broker silent
-//     for 1.5 × the negotiated heartbeat is declared dead.
+//     interval, and never by waiting for the write lock. The duty rides on
+//     the wake-up of an arriving frame once half an interval has passed,
+//     and a deadline forces it after 1.5 intervals (0.75 × the negotiated
+//     heartbeat), so an idle connection wakes once per broker heartbeat,
+//     not twice. A broker silent for 1.5 × the negotiated heartbeat is
+//     declared dead.
 //  6. All waiters are released together, each with the same *amqp.Error:
 //     RPC callers on every channel, DrainEvents callers, DeferredConfirmation
 //     waiters (nacked), consumers (their chans close) and NotifyClose

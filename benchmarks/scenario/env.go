@@ -159,8 +159,9 @@ func StartDrainLoop(conn *amqp.Connection, mode string, timeout time.Duration) (
 		for ctx.Err() == nil {
 			dctx, c := context.WithTimeout(ctx, timeout)
 			err := readmode.DrainEvents(dctx, conn)
+			timedOut := dctx.Err() != nil // before c() cancels it
 			c()
-			if err != nil && dctx.Err() == nil {
+			if err != nil && !timedOut {
 				return // the connection is closed or broken
 			}
 		}

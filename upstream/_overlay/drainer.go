@@ -236,21 +236,29 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 		<-prev.done
 	}
 	split := newFrameSplitter(&d.c.maxFrameSize)
+	// One frame parser for the generation, reset onto each frame: the
+	// parsed frame owns copies of what it keeps, never raw itself.
+	var raw bytes.Reader
+	parser := &reader{r: &raw}
 	deadliner, _ := g.conn.(net.Conn)
 	lastRecv := time.Now()
-	var nextBeat time.Time
+	// beatAt is when a heartbeat was last due; the next falls due half an
+	// interval later if a frame wakes us anyway, or one and a half
+	// intervals later at the latest (see beatWindow).
+	var beatAt time.Time
 
 	for {
 		for {
-			raw, err := split.next()
+			next, err := split.next()
 			if err != nil {
 				d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
 				return
 			}
-			if raw == nil {
+			if next == nil {
 				break
 			}
-			f, err := (&reader{r: bytes.NewReader(raw)}).ReadFrame()
+			raw.Reset(next)
+			f, err := parser.ReadFrame()
 			if err != nil {
 				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 				return
@@ -272,12 +280,12 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 			lastRecv = time.Now() // a pause we chose is not a silent broker
 		}
 		if interval > 0 && deadliner != nil {
-			if nextBeat.IsZero() {
-				nextBeat = time.Now().Add(interval)
+			if beatAt.IsZero() {
+				beatAt = time.Now()
 			}
 			deadline := lastRecv.Add(3 * interval)
-			if nextBeat.Before(deadline) {
-				deadline = nextBeat
+			if latest := beatAt.Add(beatWindow(interval)); latest.Before(deadline) {
+				deadline = latest
 			}
 			_ = deadliner.SetReadDeadline(deadline)
 		}
@@ -285,6 +293,18 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 		n, err := split.fill(g.conn)
 		if n > 0 {
 			lastRecv = time.Now()
+			// Awake for the broker's frame anyway: do the heartbeat duty
+			// now if half an interval has passed, rather than wake again
+			// for it. Idle, the broker's own heartbeats (one per interval)
+			// then carry ours, and the deadline never fires: one wake-up
+			// per interval instead of two.
+			if interval > 0 && !beatAt.IsZero() && lastRecv.Sub(beatAt) >= interval/2 {
+				if err := g.beat(d, interval); err != nil {
+					d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+					return
+				}
+				beatAt = lastRecv
+			}
 		}
 		if err == nil {
 			continue
@@ -297,12 +317,12 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 					silent.Round(time.Millisecond), 2*interval)})
 				return
 			}
-			if !now.Before(nextBeat) {
+			if now.Sub(beatAt) >= beatWindow(interval) {
 				if err := g.beat(d, interval); err != nil {
 					d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
 					return
 				}
-				nextBeat = now.Add(interval)
+				beatAt = now
 			}
 			continue
 		}
@@ -315,6 +335,13 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 		return
 	}
 }
+
+// beatWindow is the longest the drainer lets pass between heartbeat
+// duties when no frame wakes it: one and a half send intervals (half the
+// negotiated heartbeat each), so that the broker's frames, which arrive
+// once per interval, usually carry the duty first, and still well inside
+// the two heartbeats after which the broker gives up on us.
+func beatWindow(interval time.Duration) time.Duration { return interval + interval/2 }
 
 // errDeadline matches a read or write that ended at its deadline.
 var errDeadline = os.ErrDeadlineExceeded

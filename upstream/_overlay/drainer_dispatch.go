@@ -29,22 +29,53 @@ type serialQueue struct {
 	// no push in flight.
 	outer   *sync.Mutex
 	retired func() // runs under outer when the queue empties
+	// handleFrame runs the jobs that pushFrame queued.
+	handleFrame func(frame)
 
 	mu      sync.Mutex
-	jobs    []queuedJob
+	jobs    []queuedJob // jobs[head:] are queued
+	head    int
 	running bool
 }
 
+// keepJobs is the capacity up to which an emptied queue keeps its slice
+// for the next burst: the drainer queues a job per frame, and reallocating
+// per burst costs more than the frames' own parsing. Bigger slices, left by
+// a burst the budget allowed, are dropped so they do not stay pinned.
+const keepJobs = 1024
+
+// queuedJob is a function to run, or a frame for the queue's handleFrame:
+// the drainer queues one job per frame, and a frame needs no closure.
 type queuedJob struct {
 	run  func()
+	f    frame
 	cost int64
 }
 
 // push queues a job, starting the queue's goroutine if it is not running.
 func (q *serialQueue) push(cost int64, run func()) {
-	q.budget.charge(cost)
+	q.pushJob(queuedJob{run: run, cost: cost})
+}
+
+// pushFrame queues f for handleFrame.
+func (q *serialQueue) pushFrame(cost int64, f frame) {
+	q.pushJob(queuedJob{f: f, cost: cost})
+}
+
+func (q *serialQueue) pushJob(job queuedJob) {
+	q.budget.charge(job.cost)
 	q.mu.Lock()
-	q.jobs = append(q.jobs, queuedJob{run, cost})
+	if len(q.jobs) == cap(q.jobs) && q.head >= len(q.jobs)/2 {
+		// Full, and at least half of it already run: slide the queued
+		// jobs down rather than grow, so that a queue that never empties
+		// does not keep every job it ever ran.
+		n := copy(q.jobs, q.jobs[q.head:])
+		for i := n; i < len(q.jobs); i++ {
+			q.jobs[i] = queuedJob{} // upstream's go.mod predates clear
+		}
+		q.jobs, q.head = q.jobs[:n], 0
+	}
+	q.jobs = append(q.jobs, job)
 	start := !q.running
 	q.running = true
 	q.mu.Unlock()
@@ -59,7 +90,11 @@ func (q *serialQueue) loop() {
 		if !ok {
 			return
 		}
-		job.run()
+		if job.run != nil {
+			job.run()
+		} else {
+			q.handleFrame(job.f)
+		}
 		q.budget.release(job.cost)
 	}
 }
@@ -71,16 +106,22 @@ func (q *serialQueue) pop() (queuedJob, bool) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.jobs) == 0 {
+	if q.head == len(q.jobs) {
+		q.head = 0
+		if cap(q.jobs) > keepJobs {
+			q.jobs = nil
+		} else {
+			q.jobs = q.jobs[:0]
+		}
 		q.running = false
 		if q.retired != nil {
 			q.retired()
 		}
 		return queuedJob{}, false
 	}
-	job := q.jobs[0]
-	q.jobs[0] = queuedJob{}
-	q.jobs = q.jobs[1:]
+	job := q.jobs[q.head]
+	q.jobs[q.head] = queuedJob{}
+	q.head++
 	return job, true
 }
 
@@ -215,6 +256,7 @@ func (d *drainConn) dispatch(ch *Channel, f frame) {
 		disp = &chanDispatcher{d: d, ch: ch}
 		disp.budget = d.budget
 		disp.outer = &d.mu
+		disp.handleFrame = disp.handle
 		disp.retired = func() {
 			// A closed channel's dispatcher goes once idle; if recovery
 			// reopens the channel, its frames start a new one.
@@ -224,7 +266,7 @@ func (d *drainConn) dispatch(ch *Channel, f frame) {
 		}
 		d.dispatchers[ch] = disp
 	}
-	disp.push(cost, func() { disp.handle(f) })
+	disp.pushFrame(cost, f)
 	d.mu.Unlock()
 }
 

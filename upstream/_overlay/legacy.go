@@ -100,6 +100,11 @@ type legacyGen struct {
 	opened   bool          // handshake done
 	started  time.Time     // when the generation's socket was handed over
 
+	// raw and parser parse each frame the turn holder dispatches, reset
+	// onto it rather than allocated per frame.
+	raw    bytes.Reader
+	parser reader
+
 	genEnd // how the generation ends
 }
 
@@ -134,6 +139,7 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 		started:  time.Now(),
 		genEnd:   newGenEnd(),
 	}
+	g.parser.r = &g.raw
 	l.mu.Lock()
 	l.gen = g
 	l.mu.Unlock()
@@ -205,7 +211,8 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 // dispatchBuffered dispatches raw and every other complete frame buffered.
 func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 	for raw != nil {
-		f, err := (&reader{r: bytes.NewReader(raw)}).ReadFrame()
+		g.raw.Reset(raw)
+		f, err := g.parser.ReadFrame()
 		if err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 			return l.waitErr(&g.genEnd)
