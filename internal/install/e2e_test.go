@@ -63,6 +63,33 @@ func check(what string, err error) {
 // TestEndToEnd adopts the patched build in a fresh module the way a user
 // would, and runs a drainer-mode program against the broker with it.
 func TestEndToEnd(t *testing.T) {
+	sc := newScratch(t)
+	var out bytes.Buffer
+	rep, err := Install(sc.ctx, Options{Module: sc.dir, Out: &out})
+	t.Logf("Install:\n%s", out.String())
+	if err != nil {
+		t.Fatalf("Install: %v", err)
+	}
+	if !rep.Rebuilt || !rep.GoModWritten {
+		t.Fatalf("Install did nothing: %+v", rep)
+	}
+	sc.runProgram()
+}
+
+// A scratch is a user's module that requires pristine upstream amqp091-go
+// and holds scratchMain, which needs the patched build to compile.
+type scratch struct {
+	t   *testing.T
+	ctx context.Context
+	dir string
+	env []string
+}
+
+// newScratch creates the module and checks that scratchMain does not build
+// before the patched tree is adopted, or the run afterwards would prove
+// nothing. It needs RabbitMQ, for runProgram.
+func newScratch(t *testing.T) *scratch {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds a scratch module and needs RabbitMQ")
 	}
@@ -76,56 +103,53 @@ func TestEndToEnd(t *testing.T) {
 		c.Close()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-
-	dir := t.TempDir()
+	t.Cleanup(cancel)
 	// GOWORK=off and -mod=mod: the scratch module stands alone, whatever
 	// workspace or flags the test runs under.
-	env := append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "AMQP_URL="+url)
-	goCmd := func(args ...string) (string, error) {
-		t.Helper()
-		start := time.Now()
-		cmd := exec.CommandContext(ctx, "go", args...)
-		cmd.Dir, cmd.Env = dir, env
-		cmd.WaitDelay = 10 * time.Second // a stuck child must not outlive the test
-		out, err := cmd.CombinedOutput()
-		t.Logf("go %s (%v, err %v):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), err, out)
-		return string(out), err
-	}
-	mustGo := func(args ...string) string {
-		t.Helper()
-		out, err := goCmd(args...)
-		if err != nil {
-			t.Fatalf("go %s: %v", strings.Join(args, " "), err)
-		}
-		return out
-	}
-
-	writeFile(t, filepath.Join(dir, "main.go"), scratchMain)
-	mustGo("mod", "init", "scratch")
-	mustGo("get", amqpPath+"@v1.16.0")
-
-	// Upstream v1.16.0 alone does not have the drainer: the program must
-	// not compile before install, or the run below would prove nothing.
-	if out, err := goCmd("build", "-o", os.DevNull, "."); err == nil || !strings.Contains(out, "Drainer") {
+	sc := &scratch{t: t, ctx: ctx, dir: t.TempDir(),
+		env: append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=mod", "AMQP_URL="+url)}
+	writeFile(t, filepath.Join(sc.dir, "main.go"), scratchMain)
+	sc.mustGo("mod", "init", "scratch")
+	sc.mustGo("get", amqpPath+"@v1.16.0")
+	if out, err := sc.goCmd("build", "-o", os.DevNull, "."); err == nil || !strings.Contains(out, "Drainer") {
 		t.Fatalf("the scratch program built against pristine upstream (err %v); it must need the patched build", err)
 	}
+	return sc
+}
 
-	var out bytes.Buffer
-	rep, err := Install(ctx, Options{Module: dir, Out: &out})
-	t.Logf("Install:\n%s", out.String())
+// goCmd runs the go command in the scratch module, with extra environment.
+func (sc *scratch) goCmd(args ...string) (string, error) {
+	return sc.goCmdEnv(nil, args...)
+}
+
+func (sc *scratch) goCmdEnv(extra []string, args ...string) (string, error) {
+	sc.t.Helper()
+	start := time.Now()
+	cmd := exec.CommandContext(sc.ctx, "go", args...)
+	cmd.Dir, cmd.Env = sc.dir, append(append([]string(nil), sc.env...), extra...)
+	cmd.WaitDelay = 10 * time.Second // a stuck child must not outlive the test
+	out, err := cmd.CombinedOutput()
+	sc.t.Logf("go %s (%v, err %v):\n%s", strings.Join(args, " "), time.Since(start).Round(time.Millisecond), err, out)
+	return string(out), err
+}
+
+func (sc *scratch) mustGo(args ...string) string {
+	sc.t.Helper()
+	out, err := sc.goCmd(args...)
 	if err != nil {
-		t.Fatalf("Install: %v", err)
+		sc.t.Fatalf("go %s: %v", strings.Join(args, " "), err)
 	}
-	if !rep.Rebuilt || !rep.GoModWritten {
-		t.Fatalf("Install did nothing: %+v", rep)
-	}
+	return out
+}
 
-	mustGo("mod", "tidy")
-	run := mustGo("run", ".")
+// runProgram builds and runs scratchMain, which must now use the drainer.
+func (sc *scratch) runProgram() {
+	sc.t.Helper()
+	sc.mustGo("mod", "tidy")
+	run := sc.mustGo("run", ".")
 	for _, want := range []string{"read mode: drainer", "queue declared: true", "publish confirmed: true", "closed"} {
 		if !strings.Contains(run, want+"\n") {
-			t.Errorf("program output does not have %q", want)
+			sc.t.Errorf("program output does not have %q", want)
 		}
 	}
 }
