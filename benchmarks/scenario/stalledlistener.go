@@ -27,13 +27,13 @@ func init() {
 			"operation at a time with a 5 ms pause: a QueueDeclarePassive (case b=rpc) or a " +
 			"publish and a wait for its DeferredConfirmation (case b=confirm). After a 1 s " +
 			"baseline (\"before\"), A publishes 100 messages and B's operations are timed for " +
-			"an 8 s window; an operation still pending at the window's end (plus 250 ms) is " +
+			"a 6 s window; an operation still pending at the window's end (plus 250 ms) is " +
 			"recorded with its elapsed time and counted as pending. Then A's listener is read " +
-			"until 100 confirmations or 2 s without one: the rest are lost. Legacy mode gets no " +
+			"until 100 confirmations or 1 s without one: the rest are lost. Legacy mode gets no " +
 			"drain loop during the window, because B's own RPC or confirmation wait is what " +
 			"reads the socket there, and so B is the goroutine that hands A's confirmations " +
 			"to the full listener; a drain loop runs while A's listener is read afterwards, " +
-			"so that lost means dropped, not unread. The 8 s window shows the stall and the " +
+			"so that lost means dropped, not unread. The 6 s window shows the stall and the " +
 			"first dropped confirmation, not the i/o-timeout kill that follows at 45 s.",
 		Cases:   []string{"b=rpc", "b=confirm"},
 		Timeout: time.Minute,
@@ -77,7 +77,7 @@ const (
 	listenerPublishes = 100                    // on channel A, as upstream-baseline.md §C
 	listenerOpGap     = 5 * time.Millisecond   // between B's operations, as §C
 	listenerGrace     = 250 * time.Millisecond // for an operation in flight when the window ends
-	listenerIdle      = 2 * time.Second        // without a confirmation, A's listener is drained
+	listenerIdle      = 1 * time.Second        // without a confirmation, A's listener is drained
 	// slowOp is what counts as a timeout: upstream's notifyTimeout, the
 	// time its reader waits on one full listener.
 	slowOp = 5 * time.Second
@@ -87,7 +87,7 @@ const (
 var errNacked = errors.New("publish nacked")
 
 func runStalledListener(ctx context.Context, env *Env, c string) (*Result, error) {
-	baseline, window := time.Second, 8*time.Second
+	baseline, window := time.Second, 6*time.Second
 	if env.Quick {
 		baseline, window = 500*time.Millisecond, 2*time.Second
 	}
