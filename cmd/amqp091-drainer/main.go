@@ -24,13 +24,19 @@
 // and writes nothing. uninstall drops that replace and removes the folder;
 // the requirement stays. The logic is in internal/install.
 //
-// From a checkout, run it against your module with
+// From inside your module, run it at a released version with
+//
+//	go run github.com/amqp091-drainer/amqp091-drainer/cmd/amqp091-drainer@<version> install
+//
+// or from a checkout with
 //
 //	go -C /path/to/amqp091-drainer run ./cmd/amqp091-drainer install -module "$PWD"
 //
 // (`go run /path/to/amqp091-drainer/cmd/amqp091-drainer` from inside your
 // module does not work: the go command refuses to build a package outside
-// the current module).
+// the current module). This command is a module of its own so that the
+// @version form works: the go command refuses it for a module whose go.mod
+// has replace directives, as the root module's must.
 package main
 
 import (

@@ -108,6 +108,12 @@ func runSuite(ctx context.Context, cfg config) error {
 		return err
 	}
 	suite := assemble(env, plan, runs)
+	if cfg.scenarios == "" || contains(strings.Split(cfg.scenarios, ","), "allocations") {
+		logf("micro-benchmarks (benchmarks/micro), both builds")
+		if suite.Micro, err = runMicro(ctx, cfg.quick); err != nil {
+			return err
+		}
+	}
 	if err := writeJSON(filepath.Join(cfg.results, "results.json"), suite); err != nil {
 		return err
 	}

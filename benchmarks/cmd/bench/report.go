@@ -119,6 +119,7 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 			}
 		}
 	}
+	writeMicro(w, s.Micro)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 

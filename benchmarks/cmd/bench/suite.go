@@ -129,6 +129,7 @@ func sweep(brokerURL, toxURL string) {
 type suite struct {
 	Env       environment      `json:"environment"`
 	Scenarios []scenarioResult `json:"scenarios"`
+	Micro     *microResult     `json:"micro,omitempty"`
 }
 
 // scenarioResult is one scenario's results.

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestBenchName(t *testing.T) {
+	for in, want := range map[[2]string]string{
+		{"stalled-consumer", ""}:           "BenchmarkStalledConsumer",
+		{"throughput", "publishers=10"}:    "BenchmarkThroughput/publishers=10",
+		{"allocations", "pubsub size=512"}: "BenchmarkAllocations/pubsub_size=512",
+	} {
+		if got := benchName(in[0], in[1]); got != want {
+			t.Errorf("benchName(%q, %q) = %q, want %q", in[0], in[1], got, want)
+		}
+	}
+}
+
+func TestVariantFilters(t *testing.T) {
+	names := func(vs []scenario.Variant) (out []string) {
+		for _, v := range vs {
+			out = append(out, v.Name)
+		}
+		return out
+	}
+	if got := names(variantsFor(nil, "")); len(got) != 4 {
+		t.Errorf("all variants: %v", got)
+	}
+	if got := names(variantsFor([]string{"drainer", "upstream"}, "")); len(got) != 3 || got[2] != "drainer" {
+		t.Errorf("modes drainer+upstream: %v, want pristine, upstream, drainer", got)
+	}
+	if got := names(variantsFor(nil, "legacy,drainer")); len(got) != 2 {
+		t.Errorf("-variants legacy,drainer: %v", got)
+	}
+	if got := names(abVariants(scenario.Variants, "legacy")); len(got) != 2 || got[0] != "pristine" || got[1] != "legacy" {
+		t.Errorf("ab legacy: %v", got)
+	}
+}
+
+func TestFormatStat(t *testing.T) {
+	if got := formatStat(scenario.Stat{}, false, 1); got != "—" {
+		t.Errorf("unmeasured: %q", got)
+	}
+	if got := formatStat(scenario.Stat{Min: 1, Median: 2, Max: 3, N: 3}, true, 1); got != "2.0 (1.0–3.0)" {
+		t.Errorf("spread: %q", got)
+	}
+	if got := formatStat(scenario.Stat{Min: 2, Median: 2, Max: 2, N: 3}, true, 0); got != "2" {
+		t.Errorf("agreeing reps: %q", got)
+	}
+}
+
+func TestFileName(t *testing.T) {
+	if got := fileName("allocations", "pubsub size=512", "publish"); got != "allocations_pubsub-size-512_publish" {
+		t.Errorf("fileName = %q", got)
+	}
+}
+
+func TestSplitMode(t *testing.T) {
+	if n, m := splitMode("Publish/size=4/mode=drainer-2"); n != "Publish/size=4" || m != "drainer" {
+		t.Errorf("splitMode = %q, %q", n, m)
+	}
+	if sortKey("Deliver/size=43") >= sortKey("Deliver/size=512") {
+		t.Error("size=43 must sort before size=512")
+	}
+}
