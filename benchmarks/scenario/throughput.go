@@ -25,7 +25,7 @@ import (
 func init() {
 	Register(&Scenario{
 		Name:  "throughput",
-		Title: "2. Throughput parity: publishers sharing one connection",
+		Title: "3. Throughput parity: publishers sharing one connection",
 		About: "One connection; 10 or 100 goroutines, each on its own channel, publish the 43-byte " +
 			"seed message (application/json, utf-8, no confirms) to their own queue for a fixed time " +
 			"(4 s). Throughput is messages over the time until QueueDeclarePassive reports them all " +

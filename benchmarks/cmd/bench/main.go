@@ -6,8 +6,8 @@
 // server as a process of its own, and runs every scenario's cases in four
 // variants: the pristine build, and the patched build in upstream, legacy
 // and drainer modes. Each measurement is a fresh process. Repetitions are
-// interleaved (variant 1..4, then again) so that the machine's drift is
-// shared rather than charged to one variant.
+// interleaved (variant 1..4, then 2..4 and 1, ...) so that the machine's
+// drift, and going first, are shared rather than charged to one variant.
 //
 // It writes the raw results as JSON, BENCHMARKS.md with the tables, ratios
 // and targets beside the reference figures, and PNG charts. With -ab it

@@ -95,7 +95,11 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 		for _, c := range s.Cases {
 			var group []measurement
 			for rep := range reps {
-				for _, v := range variants {
+				// Each repetition starts with another variant, so that
+				// going first (a cold broker, the last run's queues still
+				// being deleted) is not always the same variant's lot.
+				for i := range variants {
+					v := variants[(i+rep)%len(variants)]
 					m := measurement{scenario: s, c: c, variant: v, rep: rep}
 					if s.Concurrent {
 						group = append(group, m)
