@@ -152,7 +152,7 @@ func ratioChart(s suite) (*plot.Plot, bool, error) {
 		for _, cr := range sr.Cases {
 			for _, r := range sr.spec.Report.Ratios {
 				if v, ok := cr.Agg.Ratio(r); ok && v > 0 {
-					label := strings.TrimSpace(fmt.Sprintf("%s %s: %s", sr.Name, cr.Case, r.Label))
+					label := strings.Join(strings.Fields(sr.Name+" "+cr.Case), " ") + ": " + r.Label
 					es = append(es, entry{label, v})
 				}
 			}

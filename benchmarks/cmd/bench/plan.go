@@ -14,30 +14,11 @@ import (
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
 )
 
-// listing mirrors benchscenario's -list output.
-type listing struct {
-	Name       string        `json:"name"`
-	Cases      []string      `json:"cases"`
-	Modes      []string      `json:"modes"`
-	Reps       int           `json:"reps"`
-	Concurrent bool          `json:"concurrent"`
-	Timeout    time.Duration `json:"timeout"`
-}
-
-// output mirrors benchscenario's output.
-type output struct {
-	Scenario   string           `json:"scenario"`
-	Case       string           `json:"case"`
-	Build      string           `json:"build"`
-	AMQP091    string           `json:"amqp091"`
-	Mode       string           `json:"mode"`
-	GoVersion  string           `json:"go_version"`
-	GOMAXPROCS int              `json:"gomaxprocs"`
-	Started    time.Time        `json:"started"`
-	Seconds    float64          `json:"seconds"`
-	Result     *scenario.Result `json:"result,omitempty"`
-	Error      string           `json:"error,omitempty"`
-}
+// listing and output are what benchscenario prints.
+type (
+	listing = scenario.Listing
+	output  = scenario.Output
+)
 
 // A measurement is one process to start.
 type measurement struct {

@@ -23,31 +23,6 @@ import (
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
 )
 
-// Output is what one run prints.
-type Output struct {
-	Scenario   string           `json:"scenario"`
-	Case       string           `json:"case"`
-	Build      string           `json:"build"`
-	AMQP091    string           `json:"amqp091"`
-	Mode       string           `json:"mode"`
-	GoVersion  string           `json:"go_version"`
-	GOMAXPROCS int              `json:"gomaxprocs"`
-	Started    time.Time        `json:"started"`
-	Seconds    float64          `json:"seconds"`
-	Result     *scenario.Result `json:"result,omitempty"`
-	Error      string           `json:"error,omitempty"`
-}
-
-// Listing describes the scenarios for the runner.
-type Listing struct {
-	Name       string        `json:"name"`
-	Cases      []string      `json:"cases"`
-	Modes      []string      `json:"modes"`
-	Reps       int           `json:"reps"`
-	Concurrent bool          `json:"concurrent"`
-	Timeout    time.Duration `json:"timeout"`
-}
-
 const defaultTimeout = 2 * time.Minute
 
 func main() {
@@ -59,17 +34,17 @@ func main() {
 	flag.Parse()
 
 	if *list {
-		var ls []Listing
+		var ls []scenario.Listing
 		for _, n := range scenario.Names() {
 			s, _ := scenario.Lookup(n)
-			ls = append(ls, Listing{Name: n, Cases: s.CaseList(), Modes: s.Modes,
+			ls = append(ls, scenario.Listing{Name: n, Cases: s.CaseList(), Modes: s.Modes,
 				Reps: s.Reps, Concurrent: s.Concurrent, Timeout: timeout(s)})
 		}
 		emit(ls)
 		return
 	}
 
-	out := Output{Scenario: *name, Case: *c, Build: readmode.Build, AMQP091: amqpBuild(), Mode: *mode,
+	out := scenario.Output{Scenario: *name, Case: *c, Build: readmode.Build, AMQP091: amqpBuild(), Mode: *mode,
 		GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0), Started: time.Now()}
 	s, err := scenario.Lookup(*name)
 	if err != nil {
