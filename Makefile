@@ -9,7 +9,7 @@ ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
-	$(GO) run ./cmd/amqp091-drainer vendor
+	GOWORK=off $(GO) run ./internal/bootstrap vendor
 
 ## test: gofmt, go vet, staticcheck, go test -race ./..., and upstream's suite in default mode
 test: vendor
