@@ -182,7 +182,7 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	// Count every byte written, so the heartbeat knows whether anything
 	// else went out during an interval without taking the write lock.
 	d.c.sendM.Lock()
-	d.c.writer = &writer{bufio.NewWriter(&countingWriter{w: conn, n: &g.sent})}
+	d.c.writer = &writer{bufio.NewWriter(&countingWriter{w: conn, n: &g.sent, end: &g.genEnd})}
 	d.c.sendM.Unlock()
 	d.c.m.Lock()
 	d.c.rpc = g.rpc
@@ -191,16 +191,18 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	go g.run(d, prev)
 }
 
-// countingWriter counts the bytes its writer accepted.
+// countingWriter counts the bytes its writer accepted, and reports a
+// write that failed because the generation ended by why it ended.
 type countingWriter struct {
-	w io.Writer
-	n *atomic.Uint64
+	w   io.Writer
+	n   *atomic.Uint64
+	end *genEnd
 }
 
 func (cw *countingWriter) Write(p []byte) (int, error) {
 	n, err := cw.w.Write(p)
 	cw.n.Add(uint64(n))
-	return n, err
+	return n, cw.end.explain(err)
 }
 
 // heartbeater takes over heartbeats when the socket supports read

@@ -32,6 +32,18 @@ func (e *genEnd) setDead(err *Error) bool {
 	return first
 }
 
+// explain returns why the generation ended in place of err, a failed
+// socket write, when the end is what broke the socket: the Close watchdog
+// or a failed read closed it under the writer. A publisher, or Close
+// itself, then learns the cause ("close-ok not received within 5s") rather
+// than "use of closed network connection".
+func (e *genEnd) explain(err error) error {
+	if err == nil || !e.isDead() || e.err == nil {
+		return err
+	}
+	return e.err
+}
+
 func (e *genEnd) isDead() bool {
 	select {
 	case <-e.dead:

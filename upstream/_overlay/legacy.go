@@ -166,7 +166,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 		w.g.lastSent = time.Now()
 		w.g.stateM.Unlock()
 	}
-	return n, err
+	return n, w.g.explain(err)
 }
 
 // heartbeater: no goroutine; heartbeats are sent while the application
