@@ -173,15 +173,3 @@ func runAllocations(ctx context.Context, env *Env, c string) (*Result, error) {
 	}
 	return res, nil
 }
-
-// atMostRatio is a Target that ratio r is at most limit, for figures where
-// less is better, such as bytes allocated.
-func atMostRatio(text string, r Ratio, limit float64) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
-		v, ok := a.Ratio(r)
-		if !ok {
-			return "not measured", false
-		}
-		return fmt.Sprintf("%s×", FormatNumber(v, 2)), v <= limit
-	}}
-}

@@ -108,29 +108,6 @@ func Aggregate(reps []map[string]float64) map[string]Stat {
 	return out
 }
 
-// AtMost is a Target that the median of metric in variant is at most
-// limit.
-func AtMost(text, variant, metric string, limit float64, unit string) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
-		v, ok := a.Median(variant, metric)
-		if !ok {
-			return "not measured", false
-		}
-		return fmt.Sprintf("%s %s", FormatNumber(v, 3), unit), v <= limit
-	}}
-}
-
-// AtLeastRatio is a Target that ratio r is at least limit.
-func AtLeastRatio(text string, r Ratio, limit float64) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
-		v, ok := a.Ratio(r)
-		if !ok {
-			return "not measured", false
-		}
-		return fmt.Sprintf("%s×", FormatNumber(v, 2)), v >= limit
-	}}
-}
-
 // FormatNumber prints v with the given decimals and thousands separators.
 func FormatNumber(v float64, digits int) string {
 	s := fmt.Sprintf("%.*f", digits, v)

@@ -361,16 +361,11 @@ type closeOutcome struct {
 // process that exits after its run can afford.
 func timedClose(conn *amqp.Connection, bound time.Duration) closeOutcome {
 	start := time.Now()
-	done := make(chan error, 1)
-	go func() { done <- conn.Close() }()
-	timer := time.NewTimer(bound)
-	defer timer.Stop()
-	select {
-	case err := <-done:
-		return closeOutcome{took: time.Since(start), err: err, returned: true}
-	case <-timer.C:
+	done := make(chan error, 1) // buffered: an abandoned Close still ends
+	if !within(bound, func() { done <- conn.Close() }) {
 		return closeOutcome{took: bound}
 	}
+	return closeOutcome{took: time.Since(start), err: <-done, returned: true}
 }
 
 // closeTally sums up a case's trials.
@@ -435,17 +430,4 @@ func (t *closeTally) result() *Result {
 		res.Note("%d of %d Close calls had not returned at the bound and were abandoned", t.deadlocked, t.trials)
 	}
 	return res
-}
-
-// waitFor polls cond every 5 ms until it holds, ctx ends or timeout
-// passes, and reports whether it held.
-func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if ctx.Err() != nil || time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }

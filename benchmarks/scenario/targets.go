@@ -43,3 +43,49 @@ func everyVariant(text, metric string, judge func(Stat) (worst float64, ok bool)
 		return strings.Join(parts, ", "), all
 	}}
 }
+
+// AtMost is a Target that the median of metric in variant is at most
+// limit.
+func AtMost(text, variant, metric string, limit float64, unit string) Target {
+	return Target{Text: text, Check: func(a Agg) (string, bool) {
+		v, ok := a.Median(variant, metric)
+		if !ok {
+			return "not measured", false
+		}
+		return fmt.Sprintf("%s %s", FormatNumber(v, 3), unit), v <= limit
+	}}
+}
+
+// MetricIs is a Target that the median of metric in variant is exactly
+// want: for counts and flags, where "at most" would read oddly.
+func MetricIs(text, variant, metric string, want float64) Target {
+	return Target{Text: text, Check: func(a Agg) (string, bool) {
+		v, ok := a.Median(variant, metric)
+		if !ok {
+			return "not measured", false
+		}
+		return FormatNumber(v, 0), v == want
+	}}
+}
+
+// AtLeastRatio is a Target that ratio r is at least limit.
+func AtLeastRatio(text string, r Ratio, limit float64) Target {
+	return ratioTarget(text, r, func(v float64) bool { return v >= limit })
+}
+
+// atMostRatio is a Target that ratio r is at most limit, for figures where
+// less is better, such as bytes allocated.
+func atMostRatio(text string, r Ratio, limit float64) Target {
+	return ratioTarget(text, r, func(v float64) bool { return v <= limit })
+}
+
+// ratioTarget judges ratio r with ok.
+func ratioTarget(text string, r Ratio, ok func(float64) bool) Target {
+	return Target{Text: text, Check: func(a Agg) (string, bool) {
+		v, measured := a.Ratio(r)
+		if !measured {
+			return "not measured", false
+		}
+		return fmt.Sprintf("%s×", FormatNumber(v, 2)), ok(v)
+	}}
+}

@@ -5,7 +5,6 @@ package amqp091
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -238,10 +237,6 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 		<-prev.done
 	}
 	split := newFrameSplitter(&d.c.maxFrameSize)
-	// One frame parser for the generation, reset onto each frame: the
-	// parsed frame owns copies of what it keeps, never raw itself.
-	var raw bytes.Reader
-	parser := &reader{r: &raw}
 	deadliner, _ := g.conn.(net.Conn)
 	lastRecv := time.Now()
 	// beatAt is when a heartbeat was last due; the next falls due half an
@@ -251,16 +246,15 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 
 	for {
 		for {
-			next, err := split.next()
+			raw, err := split.next()
 			if err != nil {
 				d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
 				return
 			}
-			if next == nil {
+			if raw == nil {
 				break
 			}
-			raw.Reset(next)
-			f, err := parser.ReadFrame()
+			f, err := split.parse(raw)
 			if err != nil {
 				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 				return

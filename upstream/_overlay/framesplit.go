@@ -4,6 +4,7 @@
 package amqp091
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,10 +30,25 @@ type frameSplitter struct {
 	buf        []byte         // buf[start:end] is read but not yet returned
 	start, end int            //
 	maxFrame   *atomic.Uint32 // negotiated frame_max (header+payload+end), 0 for none
+
+	// raw and parser parse what next returns, reset onto each frame
+	// rather than allocated per frame: the drainer and legacy modes parse
+	// every frame they read.
+	raw    bytes.Reader
+	parser reader
 }
 
 func newFrameSplitter(maxFrame *atomic.Uint32) *frameSplitter {
-	return &frameSplitter{buf: make([]byte, frameMinSize), maxFrame: maxFrame}
+	s := &frameSplitter{buf: make([]byte, frameMinSize), maxFrame: maxFrame}
+	s.parser.r = &s.raw
+	return s
+}
+
+// parse parses raw, a frame that next returned. The parsed frame owns
+// copies of what it keeps, never raw itself, so raw's bytes may be reused.
+func (s *frameSplitter) parse(raw []byte) (frame, error) {
+	s.raw.Reset(raw)
+	return s.parser.ReadFrame()
 }
 
 // frameError is a malformed or oversized frame. It wraps ErrFrame or

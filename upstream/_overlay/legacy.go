@@ -5,7 +5,6 @@ package amqp091
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -100,11 +99,6 @@ type legacyGen struct {
 	opened   bool          // handshake done
 	started  time.Time     // when the generation's socket was handed over
 
-	// raw and parser parse each frame the turn holder dispatches, reset
-	// onto it rather than allocated per frame.
-	raw    bytes.Reader
-	parser reader
-
 	genEnd // how the generation ends
 }
 
@@ -139,7 +133,6 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 		started:  time.Now(),
 		genEnd:   newGenEnd(),
 	}
-	g.parser.r = &g.raw
 	l.mu.Lock()
 	l.gen = g
 	l.mu.Unlock()
@@ -211,8 +204,7 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 // dispatchBuffered dispatches raw and every other complete frame buffered.
 func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 	for raw != nil {
-		g.raw.Reset(raw)
-		f, err := g.parser.ReadFrame()
+		f, err := g.split.parse(raw)
 		if err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 			return l.waitErr(&g.genEnd)
