@@ -377,3 +377,49 @@ func TestDrainLoopKeepsTheConnectionAlive(t *testing.T) {
 		t.Fatalf("an RPC after 5 s of draining: %v", err)
 	}
 }
+
+// TestChannelErrorEndsTheCallAtOnce: a caller whose own read dispatched
+// its channel's close returns that error without reading on. (It used to
+// take the transport lock again half of the time and read until the next
+// frame, which a broker that waits for the client never sends.) 32 rounds
+// make a coin flip per round certain to show.
+func TestChannelErrorEndsTheCallAtOnce(t *testing.T) {
+	const rounds = 32
+	peer := fakepeer.Listen(t)
+	peer.Serve(func(s *fakepeer.Session) error {
+		for i := 0; i < rounds; i++ {
+			ch, err := s.AnswerChannelOpen()
+			if err != nil {
+				return err
+			}
+			if _, err := s.ExpectMethod(ch, 50, 10); err != nil { // queue.declare
+				return err
+			}
+			if err := s.Send(fakepeer.ChannelClose(ch, 406, "PRECONDITION_FAILED - inequivalent arg", 50, 10)); err != nil {
+				return err
+			}
+			if _, err := s.ExpectMethod(ch, 20, 41); err != nil { // channel.close-ok
+				return err
+			}
+		}
+		return nil
+	})
+	conn := dial(t, peer.URL(), amqp.Config{})
+	for i := 0; i < rounds; i++ {
+		ch := testenv.Channel(t, conn)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := ch.QueueDeclare("q", true, false, false, false, nil)
+			errc <- err
+		}()
+		select {
+		case err := <-errc:
+			var amqpErr *amqp.Error
+			if !errors.As(err, &amqpErr) || amqpErr.Code != amqp.PreconditionFailed {
+				t.Fatalf("round %d: QueueDeclare = %v, want the channel's 406", i, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("round %d: QueueDeclare still waiting 10s after its channel was closed", i)
+		}
+	}
+}

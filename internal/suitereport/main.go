@@ -44,7 +44,12 @@ type outcome struct {
 	name    string
 	action  string // pass, fail or skip
 	elapsed float64
+	tail    []string // the test's last output lines, kept for failures
 }
+
+// tailLines is how much of a failed test's output the summary repeats: CI
+// keeps only the summary, and a flaky failure is not reproduced on demand.
+const tailLines = 25
 
 func main() {
 	jsonFile := flag.String("json", "", "go test -json output to read")
@@ -102,6 +107,7 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 	for _, r := range theirs {
 		if r.action != "pass" {
 			fmt.Fprintf(out, "  %s %s\n", strings.ToUpper(r.action), r.name)
+			printTail(out, r)
 		}
 	}
 	if len(mine) > 0 {
@@ -111,6 +117,7 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 		for _, r := range mine {
 			if r.action == "fail" {
 				fmt.Fprintf(out, "  FAIL %s\n", r.name)
+				printTail(out, r)
 			}
 		}
 	}
@@ -147,6 +154,7 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 // reached a pass or fail verdict.
 func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, err error) {
 	byName := map[string]outcome{}
+	output := map[string][]string{}
 	var first, last time.Time
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -160,12 +168,25 @@ func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, e
 		}
 		last = e.Time
 		switch e.Action {
+		case "output":
+			if e.Test != "" {
+				lines := append(output[e.Test], strings.TrimRight(e.Output, "\n"))
+				if len(lines) > tailLines {
+					lines = lines[len(lines)-tailLines:]
+				}
+				output[e.Test] = lines
+			}
 		case "pass", "fail", "skip":
 			if e.Test == "" {
 				finished = true
 				continue
 			}
-			byName[e.Test] = outcome{name: e.Test, action: e.Action, elapsed: e.Elapsed}
+			o := outcome{name: e.Test, action: e.Action, elapsed: e.Elapsed}
+			if e.Action == "fail" {
+				o.tail = output[e.Test]
+			}
+			delete(output, e.Test)
+			byName[e.Test] = o
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -176,6 +197,13 @@ func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, e
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].name < results[j].name })
 	return results, finished, last.Sub(first), nil
+}
+
+// printTail repeats a failed test's last output lines under its name.
+func printTail(out io.Writer, r outcome) {
+	for _, l := range r.tail {
+		fmt.Fprintf(out, "      | %s\n", l)
+	}
 }
 
 // ourTests lists the Test, Fuzz and Example functions declared in dir's

@@ -351,24 +351,25 @@ func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message
 		case m := <-rpc:
 			return m, nil
 		case e, ok := <-errs:
-			if ok {
-				return nil, e
-			}
-			if g.isDead() {
-				return nil, l.waitErr(&g.genEnd)
-			}
-			return nil, ErrClosed
+			return nil, l.chanErr(g, e, ok)
 		case <-done:
 			return nil, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case l.turn <- struct{}{}:
 		}
-		// With the turn: the reply may have come in just before.
+		// With the turn: the outcome may have come in just before, and
+		// select picks the turn at random when both are ready. Missing a
+		// channel error here would read on, holding the transport lock
+		// until the next frame or heartbeat deadline, while the channel's
+		// recovery waits to write.
 		select {
 		case m := <-rpc:
 			l.releaseTurn()
 			return m, nil
+		case e, ok := <-errs:
+			l.releaseTurn()
+			return nil, l.chanErr(g, e, ok)
 		case <-done:
 			l.releaseTurn()
 			return nil, nil
@@ -404,6 +405,18 @@ func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message
 			return nil, err
 		}
 	}
+}
+
+// chanErr is what a caller waiting on a channel's errors returns: the
+// channel's error, or, once the channel is gone, why.
+func (l *legacyConn) chanErr(g *legacyGen, e *Error, ok bool) error {
+	if ok {
+		return e
+	}
+	if g.isDead() {
+		return l.waitErr(&g.genEnd)
+	}
+	return ErrClosed
 }
 
 func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) error {
