@@ -27,7 +27,9 @@
 //  5. Heartbeats are sent and checked only while the application calls in
 //     (DrainEvents, an RPC, a confirmation wait). An idle legacy connection
 //     is neither kept alive nor monitored, and a broker-side close is
-//     noticed at the next call.
+//     noticed at the next call. While someone reads, a broker silent for
+//     1.5 heartbeat intervals (upstream's bound) ends the connection with
+//     a heartbeat timeout; silence while nobody read does not count.
 //  6. Close never holds the transport lock while it waits for close-ok: it
 //     interrupts a blocked reader, wakes DrainEvents callers with
 //     amqp.ErrClosedIntentionally, and reads its close-ok itself. It is

@@ -423,3 +423,33 @@ func TestChannelErrorEndsTheCallAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestSilenceWhileNobodyReadsIsNotAHeartbeatTimeout: the heartbeat check
+// counts the broker's silence only while someone reads. A connection left
+// alone for three heartbeat periods (the peer here sends no heartbeats,
+// and nothing reads them in legacy mode anyway) still serves the next RPC.
+// The blackhole case, silence while a drain loop reads, is a cell of
+// reliability/faultmatrix.
+func TestSilenceWhileNobodyReadsIsNotAHeartbeatTimeout(t *testing.T) {
+	peer := fakepeer.Listen(t, fakepeer.WithHeartbeat(1))
+	peer.Serve(func(s *fakepeer.Session) error {
+		ch, err := s.AnswerChannelOpen()
+		if err != nil {
+			return err
+		}
+		if _, err := s.ExpectMethod(ch, 50, 10); err != nil { // queue.declare
+			return err
+		}
+		if err := s.Send(fakepeer.QueueDeclareOk(ch, "q", 0, 0)); err != nil {
+			return err
+		}
+		return s.AnswerClose()
+	})
+	conn := dial(t, peer.URL(), amqp.Config{Heartbeat: time.Second})
+	ch := testenv.Channel(t, conn)
+	// The idle period is what is under test, not a synchronisation.
+	<-time.After(3 * time.Second)
+	if _, err := ch.QueueDeclare("q", false, false, false, false, nil); err != nil {
+		t.Fatalf("QueueDeclare after an idle period: %v", err)
+	}
+}

@@ -93,9 +93,11 @@ type legacyGen struct {
 	conn     io.ReadWriteCloser
 	rpc      chan message
 	split    *frameSplitter
-	stateM   sync.Mutex    // guards the three below, never held across I/O
+	stateM   sync.Mutex    // guards interval to opened, never held across I/O
 	interval time.Duration // heartbeat send interval, 0 for none
 	lastSent time.Time     // last write to the socket
+	lastRecv time.Time     // last read that returned bytes, or the start of listening
+	readEnd  time.Time     // when the last read returned
 	opened   bool          // handshake done
 	started  time.Time     // when the generation's socket was handed over
 
@@ -238,6 +240,12 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	// be waiting for one of those writes.
 	g.stateM.Lock()
 	interval, lastSent, opened := g.interval, g.lastSent, g.opened
+	if time.Since(g.readEnd) > interval {
+		// Nobody was reading: silence until now is not the broker's
+		// fault (its heartbeats wait in the socket buffer), so the
+		// heartbeat check counts from here.
+		g.lastRecv = time.Now()
+	}
 	g.stateM.Unlock()
 	if isNet {
 		l.transport.Lock()
@@ -259,11 +267,16 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 			_ = nc.SetReadDeadline(time.Now())
 		}
 	}
-	start := time.Now()
-	_, err := g.split.fill(g.conn)
+	n, err := g.split.fill(g.conn)
 	if isNet {
 		l.transport.Unlock()
 	}
+	g.stateM.Lock()
+	g.readEnd = time.Now()
+	if n > 0 {
+		g.lastRecv = g.readEnd
+	}
+	g.stateM.Unlock()
 	if stop != nil {
 		stop()
 	}
@@ -280,7 +293,14 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	case l.isCalled() && !isCloser(ctx):
 		return ErrClosedIntentionally
 	case interval > 0:
-		if silent := time.Since(start); silent >= 3*interval {
+		// Silence counts from the last bytes received while someone
+		// was reading, not from this read's start: every read ends by
+		// the next heartbeat due, so no single read lasts long enough
+		// to see a dead peer.
+		g.stateM.Lock()
+		silent := time.Since(g.lastRecv)
+		g.stateM.Unlock()
+		if silent >= 3*interval {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf(
 				"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
 				silent.Round(time.Millisecond), 2*interval)})
