@@ -5,15 +5,23 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine actionlint modfiles
+.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine actionlint modfiles reliability soak
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
 	GOWORK=off $(GO) run ./internal/bootstrap vendor
 
-## test: gofmt, go vet, staticcheck, go test -race ./..., and upstream's suite in default mode
+## test: gofmt, go vet, staticcheck, go test -race ./..., upstream's suite in every mode, the reliability suite short
 test: vendor
 	scripts/test
+
+## reliability: the full reliability suite: fault matrix, broker faults, no loss, 5-minute soak, 10 minutes per fuzz target
+reliability: vendor
+	scripts/reliability full
+
+## soak: the 5-minute soak alone: heap and goroutine table over time, no confirmed message lost
+soak: vendor
+	AMQP091_RELIABILITY=full $(GO) test -race -count=1 -v -timeout 20m -run TestSoak ./reliability/soak
 
 ## bench: the A/B benchmark suite with defaults (3 reps, every scenario); writes BENCHMARKS.md
 bench: vendor

@@ -1,0 +1,24 @@
+// Package reliability holds the suites that prove, against a real broker
+// and Toxiproxy, that under faults and bad input nothing hangs, nothing
+// leaks and nothing is lost, in every read mode. Each subpackage has one
+// job:
+//
+//   - faultmatrix: seven network faults, injected during five phases of a
+//     connection's life, in the three read modes; every call returns within
+//     a stated bound with the right kind of error, and no goroutine leaks.
+//   - brokerfaults: faults the broker itself raises: a forced close, a
+//     memory alarm (connection.blocked) and a queue deleted under its
+//     consumers.
+//   - noloss: publishers with confirms through repeated connection resets,
+//     with upstream's automatic recovery and with a user-style retry loop;
+//     every positively confirmed message is in the queue afterwards.
+//   - connfuzz: the whole patched connection fed mutated frame sequences
+//     by a fake peer (go test -fuzz).
+//   - soak: a bounded soak in drainer mode (make soak) that reports heap and
+//     goroutine counts over time.
+//
+// A plain go test ./... skips them: they load the shared broker, and the
+// memory alarm blocks every publisher on it. scripts/reliability runs them
+// one package at a time, short (make test) or full (make reliability); see
+// package level.
+package reliability
