@@ -126,6 +126,7 @@ type drainConn struct {
 	mbs    mailboxes
 
 	closeIntent // Close was called: waiters get ErrClosedIntentionally
+	blocks      blockGate
 
 	mu          sync.Mutex
 	gen         *drainGen
@@ -176,6 +177,7 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	d.mu.Lock()
 	prev := d.gen
 	d.gen = g
+	d.blocks.unblock() // a new socket, which the broker has not blocked
 	d.mu.Unlock()
 
 	// Count every byte written, so the heartbeat knows whether anything
@@ -482,6 +484,7 @@ func (d *drainConn) closing() {
 // publisher blocked in a write (holding ch.m and sendM) is freed and the
 // teardown that follows cannot deadlock on it.
 func (d *drainConn) shutdown(err *Error) {
+	d.blocks.unblock() // held publishes go on, and fail as upstream's
 	if err == nil {
 		d.stopWatchdog()
 	}
@@ -495,6 +498,8 @@ func (d *drainConn) shutdown(err *Error) {
 }
 
 // drainEvents is DrainEvents in drainer mode.
+func (d *drainConn) publishGate() *blockGate { return &d.blocks }
+
 func (d *drainConn) drainEvents(ctx context.Context) error {
 	g := d.current()
 	if g == nil {

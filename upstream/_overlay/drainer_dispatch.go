@@ -188,8 +188,10 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 		})
 		return true
 	case *connectionBlocked:
+		d.blocks.block()
 		d.notifyBlocks(Blocking{Active: true, Reason: m.Reason})
 	case *connectionUnblocked:
+		d.blocks.unblock()
 		d.notifyBlocks(Blocking{Active: false})
 	default:
 		select {

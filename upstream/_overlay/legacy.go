@@ -82,6 +82,7 @@ type legacyConn struct {
 	transport sync.Mutex
 
 	closeIntent // Close was called: waiters get ErrClosedIntentionally
+	blocks      blockGate
 
 	mu  sync.Mutex
 	gen *legacyGen
@@ -109,6 +110,7 @@ func (l *legacyConn) rpcCap() int                           { return chanRPCCap 
 func (l *legacyConn) deliveryBudget() *budget               { return nil }
 func (l *legacyConn) confirmWaiter() confirmPump            { return l.waitConfirm }
 func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
+func (l *legacyConn) publishGate() *blockGate               { return &l.blocks }
 
 // opened: from now on every read sets its own deadline (before, the dial's
 // handshake deadline stands).
@@ -137,6 +139,7 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	}
 	l.mu.Lock()
 	l.gen = g
+	l.blocks.unblock() // a new socket, which the broker has not blocked
 	l.mu.Unlock()
 	l.c.sendM.Lock()
 	l.c.writer = &writer{bufio.NewWriter(&lockedWriter{l: l, g: g})}
@@ -211,6 +214,7 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 			return l.waitErr(&g.genEnd)
 		}
+		l.blocks.trackBlocks(f)
 		l.c.demux(f)
 		if g.isDead() {
 			return nil // the frame was connection.close, or teardown ran
@@ -354,10 +358,22 @@ func (l *legacyConn) drain(ctx context.Context) error {
 			return ctx.Err()
 		case l.turn <- struct{}{}:
 		}
+		// select takes the turn at random when Close has also been
+		// called; and a read Close ended reports how the connection
+		// ended (a close-ok timeout, say). Either way the application
+		// closed it, and a drain loop tells that from a lost connection
+		// by ErrClosedIntentionally.
+		if l.isCalled() {
+			l.releaseTurn()
+			return ErrClosedIntentionally
+		}
 		err := l.pump(ctx, g)
 		l.releaseTurn()
-		if errors.Is(err, errInterrupted) {
+		switch {
+		case errors.Is(err, errInterrupted):
 			continue
+		case err != nil && ctx.Err() == nil && l.isCalled():
+			return ErrClosedIntentionally
 		}
 		return err
 	}
@@ -486,6 +502,7 @@ func (l *legacyConn) closing() {
 }
 
 func (l *legacyConn) shutdown(err *Error) {
+	l.blocks.unblock() // held publishes go on, and fail as upstream's
 	if err == nil {
 		l.stopWatchdog()
 	}

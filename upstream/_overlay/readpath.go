@@ -101,6 +101,10 @@ type readPath interface {
 	// drainEvents is Connection.DrainEvents in this read mode.
 	drainEvents(ctx context.Context) error
 
+	// publishGate holds publishes with a context while the broker blocks
+	// the connection (blockgate.go).
+	publishGate() *blockGate
+
 	// shutdown runs first in every call of Connection.shutdown, with the
 	// same error (nil for an intentional close), before any lock is taken.
 	shutdown(err *Error)

@@ -1,0 +1,105 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// blockGate holds back the publishes that carry a context while the broker
+// has blocked the connection (connection.blocked: a memory or disk alarm).
+//
+// A blocked broker stops reading the publisher's socket, so a publish that
+// went ahead would end up in a socket write that no context reaches
+// (upstream looks at ctx only on entry), and a frame half written cannot
+// be taken back. Waiting here, before anything is written, lets
+// PublishWithContext return when its ctx ends and leaves the connection
+// intact. Publishes whose ctx cannot end are not held: they behave as
+// upstream's do, writing until the socket buffer is full.
+//
+// Frames already in flight when connection.blocked arrives can still fill
+// the socket buffer; Close stays bounded by the read path's CloseTimeout.
+type blockGate struct {
+	m       sync.Mutex                    // serialises block and unblock
+	blocked atomic.Pointer[chan struct{}] // set while blocked, closed at unblock
+}
+
+// block marks the connection blocked (connection.blocked).
+func (b *blockGate) block() {
+	b.m.Lock()
+	defer b.m.Unlock()
+	if b.blocked.Load() == nil {
+		ch := make(chan struct{})
+		b.blocked.Store(&ch)
+	}
+}
+
+// unblock releases the held publishes: connection.unblocked, the end of
+// the connection (they then fail as upstream's do), or a new generation,
+// whose socket the broker has not blocked.
+func (b *blockGate) unblock() {
+	b.m.Lock()
+	defer b.m.Unlock()
+	if p := b.blocked.Load(); p != nil {
+		close(*p)
+		b.blocked.Store(nil)
+	}
+}
+
+// wait returns nil at once unless the connection is blocked and ctx can
+// end; then it waits for the unblock, or returns ctx's error.
+func (b *blockGate) wait(ctx context.Context) error {
+	p := b.blocked.Load()
+	if p == nil || ctx.Done() == nil {
+		return nil
+	}
+	select {
+	case <-*p:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("amqp: publish held while the broker blocks the connection (connection.blocked): %w", ctx.Err())
+	}
+}
+
+// trackBlocks updates b from a frame the read path is about to dispatch.
+func (b *blockGate) trackBlocks(f frame) {
+	mf, ok := f.(*methodFrame)
+	if !ok || mf.ChannelId != 0 {
+		return
+	}
+	switch mf.Method.(type) {
+	case *connectionBlocked:
+		b.block()
+	case *connectionUnblocked:
+		b.unblock()
+	}
+}
+
+// publishCtx and publishDeferredCtx are the hooks in PublishWithContext and
+// PublishWithDeferredConfirmWithContext, after their own ctx check: they
+// wait at the read path's gate, if there is one, then publish as upstream.
+func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) error {
+	if err := ch.connection.publishWait(ctx); err != nil {
+		return err
+	}
+	return ch.Publish(exchange, key, mandatory, immediate, msg)
+}
+
+func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
+	if err := ch.connection.publishWait(ctx); err != nil {
+		return nil, err
+	}
+	return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
+}
+
+// publishWait does nothing without a read path.
+func (c *Connection) publishWait(ctx context.Context) error {
+	if c.rp == nil {
+		return nil
+	}
+	return c.rp.publishGate().wait(ctx)
+}
