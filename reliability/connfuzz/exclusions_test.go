@@ -1,0 +1,140 @@
+package connfuzz
+
+import (
+	"bytes"
+	"encoding/binary"
+
+	"github.com/amqp091-drainer/amqp091-drainer/internal/fakepeer"
+)
+
+// maxMultipleTag is the largest delivery tag FuzzConnection lets a
+// basic.ack or basic.nack with the multiple flag carry.
+//
+// Such a confirm settles every tag from the next one expected up to its
+// own, one Confirmation at a time, whether or not anything was published
+// under those tags: upstream's confirms.Multiple notifies the listeners
+// once per tag, and drainer mode's drainConn.confirm, which mirrors it,
+// first collects one Confirmation per tag in a slice. A tag the fuzzer
+// makes up, say 2^40, therefore spins the reader for weeks in upstream and
+// legacy mode and exhausts memory in drainer mode. That is a finding, not
+// noise (see TestAckMultipleIsLinearInTheTag, which pins the behaviour at a
+// small tag), but left in the fuzzer it would be the only thing the fuzzer
+// ever reports. With the cap, the loop is a few thousand iterations at
+// most, and everything else about these frames is still fuzzed.
+const maxMultipleTag = 1 << 12
+
+// ackIDs and nackIDs are the class and method IDs that open the payload
+// of basic.ack and basic.nack. Both methods' arguments are the delivery
+// tag (8 octets) and an octet of bits whose lowest is multiple.
+var (
+	ackIDs  = []byte{0, classBasic, 0, methodAck}
+	nackIDs = []byte{0, classBasic, 0, methodNack}
+)
+
+// ackArgsLen is the length of those IDs plus the arguments.
+const ackArgsLen = methodArgsBase + 8 + 1
+
+// boundAckMultiple returns stream with the delivery tag lowered to
+// maxMultipleTag wherever the client could read a basic.ack or basic.nack
+// with multiple set and a higher tag. stream itself is left as the fuzzer
+// made it.
+//
+// It looks at every offset, not at frame boundaries, because the readers
+// do not agree on them: upstream's reader takes a method's arguments
+// straight off the stream whatever the frame's size field says (the
+// fuzzer found a 21-octet stream whose method frame claims 12301 octets,
+// read by upstream as a complete basic.nack), while the frame splitter of
+// drainer and legacy mode honours the size. Whatever the framing, a
+// method's IDs are followed at once by its arguments, so no reading of
+// the stream can find an ack that the scan misses.
+//
+// The peer's connection.close-ok may follow the stream (endGraceful) and
+// complete an ack the stream leaves unfinished, so the scan looks at the
+// stream followed by close-ok. Its octets cannot be rewritten, and need
+// not be: wherever such an ack starts, its bits octet falls on an
+// even octet of close-ok, so multiple is never set there.
+func boundAckMultiple(stream []byte) []byte {
+	out := append(bytes.Clone(stream), fakepeer.ConnectionCloseOk()...)
+	for at := 0; at < len(stream); at++ {
+		p := out[at:]
+		if len(p) < ackArgsLen || !(bytes.HasPrefix(p, ackIDs) || bytes.HasPrefix(p, nackIDs)) {
+			continue
+		}
+		if p[ackArgsLen-1]&1 == 0 || binary.BigEndian.Uint64(p[methodArgsBase:]) <= maxMultipleTag {
+			continue
+		}
+		binary.BigEndian.PutUint64(p[methodArgsBase:], maxMultipleTag)
+	}
+	return out[:len(stream):len(stream)]
+}
+
+// frameHeader is the length of a frame header: type, channel and size.
+const frameHeader = 7
+
+// legacyRPCCap is the number of channel-0 replies legacy mode buffers for
+// a caller: amqp091's connRPCCap.
+const legacyRPCCap = 8
+
+// legacyOverflowsReplies reports whether, in legacy mode, stream could
+// overflow the buffer of channel-0 replies: it holds more than
+// legacyRPCCap method frames on channel 0 that upstream's
+// Connection.dispatch0 hands to a caller as replies (every method but
+// connection.close, blocked and unblocked), and no caller takes them
+// while the stream is read. Legacy mode then hangs, a bug of ours
+// reproduced by TestLegacyStrayChannelZeroMethods, so FuzzConnection skips
+// such inputs in legacy mode until it is fixed.
+//
+// It walks the frames as the frame splitter of legacy mode delimits them,
+// over the stream followed by the peer's close-ok (itself such a reply,
+// which Close only takes after the dispatch), and stops where the splitter
+// stops. It counts every such method frame, even one the client would
+// fail to parse, which only skips more than it must.
+func legacyOverflowsReplies(stream []byte) bool {
+	rest := append(bytes.Clone(stream), fakepeer.ConnectionCloseOk()...)
+	replies := 0
+	for len(rest) >= frameHeader {
+		typ, channel := rest[0], binary.BigEndian.Uint16(rest[1:])
+		size := binary.BigEndian.Uint32(rest[3:frameHeader])
+		switch typ {
+		case fakepeer.FrameMethod, fakepeer.FrameHeader, fakepeer.FrameBody, fakepeer.FrameHeartbeat:
+		default:
+			return false // the splitter refuses the type: reading stops
+		}
+		if uint64(size)+frameHeader+1 > min(frameMax, uint64(len(rest))) {
+			return false // too large, or truncated: reading stops or waits
+		}
+		end := frameHeader + int(size)
+		if rest[end] != fakepeer.FrameEnd {
+			return false
+		}
+		if typ == fakepeer.FrameMethod && channel == 0 && size >= methodArgsBase {
+			class := binary.BigEndian.Uint16(rest[frameHeader:])
+			method := binary.BigEndian.Uint16(rest[frameHeader+2:])
+			if !(class == 10 && (method == 50 || method == 60 || method == 61)) {
+				if replies++; replies > legacyRPCCap {
+					return true
+				}
+			}
+		}
+		rest = rest[end+1:]
+	}
+	return false
+}
+
+// blockedIDs and unblockedIDs are the class and method IDs that open the
+// payload of connection.blocked and connection.unblocked.
+var (
+	blockedIDs   = []byte{0, 10, 0, 60}
+	unblockedIDs = []byte{0, 10, 0, 61}
+)
+
+// mayCarryBlocked reports whether the client could read a
+// connection.blocked or connection.unblocked anywhere in stream. Upstream
+// mode can crash on those when the connection shuts down at the same time
+// (TestBlockedNotificationRacesShutdown), an upstream bug that upstream
+// mode must keep, so FuzzConnection skips such inputs in upstream mode.
+// Like boundAckMultiple it looks at every offset, whatever the framing;
+// the close-ok that may follow the stream cannot complete either method.
+func mayCarryBlocked(stream []byte) bool {
+	return bytes.Contains(stream, blockedIDs) || bytes.Contains(stream, unblockedIDs)
+}
