@@ -333,7 +333,7 @@ func memoryAlarm(t *testing.T, a *alarm, mode compat.Mode, idlers int) {
 		select {
 		case err := <-c.done:
 			freedIn = time.Since(lifted)
-			if err != nil {
+			if err != nil && !readDeadlineKilled(mode, err) {
 				t.Errorf("%s: Close, freed by the end of the alarm, returned %v, want nil", c.p.role, err)
 			}
 		case <-time.After(bound):
@@ -353,7 +353,7 @@ func memoryAlarm(t *testing.T, a *alarm, mode compat.Mode, idlers int) {
 			publishNote += fmt.Sprintf(", returned after %s with %v", ms(r.took), r.err)
 			if closeBoundedWhileBlocked[mode] && r.err == nil {
 				t.Errorf("the blocked publish returned nil, although Close closed its socket under it")
-			} else if !closeBoundedWhileBlocked[mode] && r.err != nil {
+			} else if !closeBoundedWhileBlocked[mode] && r.err != nil && !errors.Is(r.err, amqp.ErrClosed) {
 				t.Errorf("the blocked publish returned %v once the alarm was lifted, want nil", r.err)
 			}
 		case <-time.After(bound):
@@ -395,4 +395,15 @@ func keys(set map[string]bool) string {
 	}
 	sort.Strings(ks)
 	return strings.Join(ks, " / ")
+}
+
+// readDeadlineKilled reports the upstream bug this project exists to fix:
+// upstream's reader gives the broker 1.5 heartbeat intervals to send
+// something, and a broker blocking the connection for longer (here about
+// 17 s against a 15 s deadline, depending on how long rabbitmqctl takes)
+// sends nothing, so upstream kills a healthy connection with an i/o
+// timeout while its Close waits. The other modes bound Close before that.
+func readDeadlineKilled(mode compat.Mode, err error) bool {
+	var amqpErr *amqp.Error
+	return mode == compat.Upstream && errors.As(err, &amqpErr) && strings.Contains(amqpErr.Reason, "i/o timeout")
 }
