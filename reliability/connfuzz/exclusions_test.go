@@ -8,19 +8,20 @@ import (
 )
 
 // maxMultipleTag is the largest delivery tag FuzzConnection lets a
-// basic.ack or basic.nack with the multiple flag carry.
+// basic.ack or basic.nack with the multiple flag carry in upstream and
+// legacy mode.
 //
-// Such a confirm settles every tag from the next one expected up to its
-// own, one Confirmation at a time, whether or not anything was published
-// under those tags: upstream's confirms.Multiple notifies the listeners
-// once per tag, and drainer mode's drainConn.confirm, which mirrors it,
-// first collects one Confirmation per tag in a slice. A tag the fuzzer
-// makes up, say 2^40, therefore spins the reader for weeks in upstream and
-// legacy mode and exhausts memory in drainer mode. That is a finding, not
-// noise (see TestAckMultipleIsLinearInTheTag, which pins the behaviour at a
-// small tag), but left in the fuzzer it would be the only thing the fuzzer
-// ever reports. With the cap, the loop is a few thousand iterations at
-// most, and everything else about these frames is still fuzzed.
+// There such a confirm settles every tag from the next one expected up to
+// its own, one Confirmation at a time, whether or not anything was
+// published under those tags: upstream's confirms.Multiple notifies the
+// listeners once per tag. A tag the fuzzer makes up, say 2^40, therefore
+// spins the reader for weeks. That is a finding, not noise (see
+// TestAckMultipleIsLinearInTheTag, which pins the behaviour at a small
+// tag), but left in the fuzzer it would be the only thing the fuzzer ever
+// reports. With the cap, the loop is a few thousand iterations at most,
+// and everything else about these frames is still fuzzed. Drainer mode
+// settles only published tags (it ran out of memory on such a tag before),
+// so its inputs keep their tags.
 const maxMultipleTag = 1 << 12
 
 // ackIDs and nackIDs are the class and method IDs that open the payload
@@ -130,9 +131,10 @@ var (
 
 // mayCarryBlocked reports whether the client could read a
 // connection.blocked or connection.unblocked anywhere in stream. Upstream
-// mode can crash on those when the connection shuts down at the same time
-// (TestBlockedNotificationRacesShutdown), an upstream bug that upstream
-// mode must keep, so FuzzConnection skips such inputs in upstream mode.
+// and legacy mode can crash on those when the connection shuts down at the
+// same time (TestBlockedNotificationRacesShutdown): an upstream bug that
+// upstream mode must keep, and that legacy mode inherits until its fix, so
+// FuzzConnection skips such inputs in those two modes.
 // Like boundAckMultiple it looks at every offset, whatever the framing;
 // the close-ok that may follow the stream cannot complete either method.
 func mayCarryBlocked(stream []byte) bool {
