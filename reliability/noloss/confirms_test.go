@@ -14,6 +14,7 @@ import (
 	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/toxi"
 	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/level"
+	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/queue"
 )
 
 // TestConfirmationsAtLoss pins down what becomes of a publisher
@@ -46,7 +47,7 @@ func TestConfirmationsAtLoss(t *testing.T) {
 }
 
 func confirmationAtLoss(t *testing.T, withRecovery bool) {
-	q := durableQueue(t)
+	q := queue.Durable(t, "reliability-noloss-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
 
@@ -195,7 +196,7 @@ func TestNaiveRepublishDuringRecovery(t *testing.T) {
 }
 
 func naiveRepublish(t *testing.T) {
-	q := durableQueue(t)
+	q := queue.Durable(t, "reliability-noloss-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
 	conn, err := drainer.DialConfig(proxy.URL(), amqp.Config{Recovery: &amqp.Recovery{
@@ -278,7 +279,7 @@ func naiveRepublish(t *testing.T) {
 		}
 	}
 	found := make(map[string]int)
-	readQueue(t, q, func(id string) { found[id]++ })
+	queue.Drain(t, q, func(d amqp.Delivery) { found[d.MessageId]++ })
 	t.Logf("republished m1 (tag %d): acked=%v err=%v; m2 (tag %d): acked=%v err=%v; broker errors: %q; queue: %v",
 		re.dc.DeliveryTag, ack1, err1, dc2.DeliveryTag, ack2, err2, broker, found)
 	// Whatever the outcome, what was lost is a confirmation, not a

@@ -2,7 +2,6 @@ package noloss
 
 import (
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/amqp091-drainer/amqp091-drainer/internal/toxi"
 	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/ledger"
 	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/level"
+	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/queue"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -50,7 +50,7 @@ func planFor(lvl level.Level) plan {
 func TestRetryLoop(t *testing.T) {
 	lvl := level.Require(t)
 	pl := planFor(lvl)
-	q := durableQueue(t)
+	q := queue.Durable(t, "reliability-noloss-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
 
@@ -78,7 +78,7 @@ func TestRetryLoop(t *testing.T) {
 func TestAutomaticRecovery(t *testing.T) {
 	lvl := level.Require(t)
 	pl := planFor(lvl)
-	q := durableQueue(t)
+	q := queue.Durable(t, "reliability-noloss-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
 
@@ -190,60 +190,6 @@ func awaitPublisher(t *testing.T, done <-chan error) {
 	}
 }
 
-// durableQueue declares a durable queue from a direct connection, so that
-// it survives every reset of the proxied ones, and deletes it when the
-// test ends.
-func durableQueue(t *testing.T) string {
-	t.Helper()
-	conn := testenv.Dial(t, amqp.Config{})
-	ch := testenv.Channel(t, conn)
-	name := "reliability-noloss-" + strings.ReplaceAll(t.Name(), "/", "-")
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueuePurge(name, false); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		// A fresh connection: the test's own may be gone by now.
-		c, err := amqp.Dial(testenv.AMQPURL(t))
-		if err != nil {
-			t.Errorf("delete queue %s: %v", name, err)
-			return
-		}
-		defer c.Close()
-		if ch, err := c.Channel(); err == nil {
-			_, _ = ch.QueueDelete(name, false, false, false)
-		}
-	})
-	return name
-}
-
-// readQueue empties the queue from a direct connection with basic.get and
-// passes each MessageId to found.
-func readQueue(t *testing.T, q string, found func(id string)) {
-	t.Helper()
-	conn, err := amqp.Dial(testenv.AMQPURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch := testenv.Channel(t, conn)
-	for {
-		d, ok, err := ch.Get(q, true)
-		if err != nil {
-			t.Fatalf("basic.get from %s: %v", q, err)
-		}
-		if !ok {
-			return
-		}
-		if string(d.Body) != d.MessageId {
-			t.Errorf("message %q has body %q", d.MessageId, d.Body)
-		}
-		found(d.MessageId)
-	}
-}
-
 // verify reads the queue, prints the books and fails on any loss, any
 // message nobody published, any confirmation not accounted for or never
 // received, and any ID left unacked (the publisher retries until every ID
@@ -251,7 +197,12 @@ func readQueue(t *testing.T, q string, found func(id string)) {
 func verify(t *testing.T, led *ledger.Ledger, q string, pub *publisher, pl plan) {
 	t.Helper()
 	found := ledger.NewFound()
-	readQueue(t, q, found.Add)
+	queue.Drain(t, q, func(d amqp.Delivery) {
+		if string(d.Body) != d.MessageId {
+			t.Errorf("message %q has body %q", d.MessageId, d.Body)
+		}
+		found.Add(d.MessageId)
+	})
 	rep := led.Check(found)
 	t.Logf("%d resets, %d losses seen by the publisher", pl.resets, pub.losses.Load())
 	t.Logf("%v", rep)

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"math/rand/v2"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/amqp091-drainer/amqp091-drainer/internal/toxi"
 	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/ledger"
 	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/level"
+	"github.com/amqp091-drainer/amqp091-drainer/reliability/internal/queue"
 )
 
 var (
@@ -66,7 +66,7 @@ func TestSoak(t *testing.T) {
 	const holdMin, holdMax = 20 * time.Millisecond, 300 * time.Millisecond
 	every := min(max(d/60, time.Second), 10*time.Second) // about 60 samples, 1 to 10 s apart
 
-	q := durableQueue(t)
+	q := queue.Durable(t, "reliability-soak-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
 	url := proxy.URL()
@@ -197,7 +197,7 @@ loop:
 	for err := range errs {
 		t.Errorf("worker: %v", err)
 	}
-	readQueue(t, q, found.Add)
+	queue.Drain(t, q, func(d amqp.Delivery) { found.Add(d.MessageId) })
 
 	// Goroutines return to the baseline once every connection is closed.
 	// Their goroutines exit asynchronously, hence the polling.
@@ -273,52 +273,4 @@ func waitFor(cond func() bool, bound time.Duration) bool {
 		<-tick.C
 	}
 	return true
-}
-
-// durableQueue declares the soak's queue from a direct connection, so that
-// it outlives every reset of the proxied ones, and deletes it at the end.
-func durableQueue(t *testing.T) string {
-	t.Helper()
-	conn := testenv.Dial(t, amqp.Config{})
-	ch := testenv.Channel(t, conn)
-	name := "reliability-soak-" + strings.ReplaceAll(t.Name(), "/", "-")
-	if _, err := ch.QueueDeclare(name, true, false, false, false, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueuePurge(name, false); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := amqp.Dial(testenv.AMQPURL(t))
-		if err != nil {
-			t.Errorf("delete queue %s: %v", name, err)
-			return
-		}
-		defer c.Close()
-		if ch, err := c.Channel(); err == nil {
-			_, _ = ch.QueueDelete(name, false, false, false)
-		}
-	})
-	return name
-}
-
-// readQueue empties the queue from a direct connection with basic.get.
-func readQueue(t *testing.T, q string, found func(id string)) {
-	t.Helper()
-	conn, err := amqp.Dial(testenv.AMQPURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch := testenv.Channel(t, conn)
-	for {
-		d, ok, err := ch.Get(q, true)
-		if err != nil {
-			t.Fatalf("basic.get from %s: %v", q, err)
-		}
-		if !ok {
-			return
-		}
-		found(d.MessageId)
-	}
 }
