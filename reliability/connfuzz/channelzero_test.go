@@ -102,38 +102,31 @@ func TestUnexpectedChannelZeroMethodIsTakenAsAReply(t *testing.T) {
 }
 
 // TestLegacyStrayChannelZeroMethods is the reproducer of a hang in legacy
-// mode that FuzzConnection found, and checks the other modes on the same
-// input: more stray methods on channel 0 than the connection buffers as
-// replies (legacyRPCCap), nine basic.ack on channel 0 here.
+// mode that FuzzConnection found, and checks every mode on the same input:
+// more stray methods on channel 0 than the connection buffers as replies
+// (strayReplyCap, amqp091's connRPCCap), nine basic.ack on channel 0 here.
 //
-// Legacy mode dispatches through upstream's Connection.dispatch0, which
-// hands each such method to c.rpc and waits, without a bound, until a
-// caller takes it or the connection is shut down. Legacy's c.rpc holds
-// legacyRPCCap; the ninth send blocks the goroutine that is dispatching,
-// which holds the read turn: DrainEvents no longer returns, whatever its
-// ctx, nothing reads or sends heartbeats, so the peer's close goes
-// unnoticed; and if Close is the one pumping, it blocks on the send while
-// it is the caller that would take the reply, and never returns either.
-// Drainer mode fails the connection with UnexpectedFrame instead, and
-// upstream's reader waits for Close to take a reply, then shuts down.
-//
-// The legacy case is skipped until the fix is in, because the hang cannot
-// be ended from outside (the blocked goroutines would fail the leak check
-// of every later test); remove the skip, and the skip in FuzzConnection,
-// with the fix.
+// Legacy mode used to dispatch them through upstream's
+// Connection.dispatch0, which hands each to c.rpc and waits, without a
+// bound, until a caller takes it. The ninth send blocked the goroutine
+// that was dispatching, which held the read turn: DrainEvents no longer
+// returned, whatever its ctx, nothing read or sent heartbeats, and if
+// Close was the one pumping, it blocked on the send while it was the
+// caller that would take the reply. Legacy mode now fails the connection
+// with UnexpectedFrame when the buffer is full, as drainer mode always
+// did; upstream's reader waits for Close to take a reply, then shuts
+// down. run checks that every call returns in time in every mode.
+// strayReplyCap is the number of channel-0 replies drainer and legacy
+// mode buffer for a caller: amqp091's connRPCCap.
+const strayReplyCap = 8
+
 func TestLegacyStrayChannelZeroMethods(t *testing.T) {
 	level.Require(t)
 	stray := fakepeer.MethodFrame(0, classBasic, methodAck, new(fakepeer.Args).LongLong(1).Bits(false).Bytes())
-	stream := bytes.Repeat(stray, legacyRPCCap+1)
-	if !legacyOverflowsReplies(stream) || legacyOverflowsReplies(stream[len(stray)+1:]) {
-		t.Fatalf("legacyOverflowsReplies does not draw the line at %d stray replies", legacyRPCCap)
-	}
+	stream := bytes.Repeat(stray, strayReplyCap+1)
 	for _, mode := range fuzzModes {
 		for _, end := range []ending{endClose, endGraceful} {
 			t.Run(fmt.Sprintf("%v/%v", mode, end), func(t *testing.T) {
-				if mode == compat.Legacy {
-					t.Skip("known hang in legacy mode; see the test's documentation")
-				}
 				run(t, input{mode: mode, end: end, stream: stream})
 			})
 		}

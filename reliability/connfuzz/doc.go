@@ -41,12 +41,12 @@
 //     the reader closes the socket at the same moment: tolerated in
 //     upstream mode only (TestUpstreamCloseCanReturnTheWriteError);
 //   - a connection.blocked or unblocked dispatched while the connection
-//     shuts down on another goroutine panics upstream and legacy mode
-//     (upstream's dispatch0): such inputs are skipped in those modes
-//     (mayCarryBlocked, TestBlockedNotificationRacesShutdown);
-//   - legacy mode hangs when more stray methods arrive on channel 0 than
-//     it buffers as replies: a bug of ours, such inputs are skipped in
-//     legacy mode until it is fixed (legacyOverflowsReplies,
+//     shuts down on another goroutine panics upstream mode (upstream's
+//     dispatch0): such inputs are skipped in that mode (mayCarryBlocked,
+//     TestBlockedNotificationRacesShutdown). Legacy mode had the same crash
+//     and, with more stray channel-0 methods than it buffers as replies, a
+//     hang; both were fixed in legacy.go and their reproducers now check
+//     the fix (TestBlockedNotificationRacesShutdown,
 //     TestLegacyStrayChannelZeroMethods).
 //
 // The client dials with a 1 s heartbeat, because upstream's reader, parked

@@ -69,59 +69,6 @@ func boundAckMultiple(stream []byte) []byte {
 	return out[:len(stream):len(stream)]
 }
 
-// frameHeader is the length of a frame header: type, channel and size.
-const frameHeader = 7
-
-// legacyRPCCap is the number of channel-0 replies legacy mode buffers for
-// a caller: amqp091's connRPCCap.
-const legacyRPCCap = 8
-
-// legacyOverflowsReplies reports whether, in legacy mode, stream could
-// overflow the buffer of channel-0 replies: it holds more than
-// legacyRPCCap method frames on channel 0 that upstream's
-// Connection.dispatch0 hands to a caller as replies (every method but
-// connection.close, blocked and unblocked), and no caller takes them
-// while the stream is read. Legacy mode then hangs, a bug of ours
-// reproduced by TestLegacyStrayChannelZeroMethods, so FuzzConnection skips
-// such inputs in legacy mode until it is fixed.
-//
-// It walks the frames as the frame splitter of legacy mode delimits them,
-// over the stream followed by the peer's close-ok (itself such a reply,
-// which Close only takes after the dispatch), and stops where the splitter
-// stops. It counts every such method frame, even one the client would
-// fail to parse, which only skips more than it must.
-func legacyOverflowsReplies(stream []byte) bool {
-	rest := append(bytes.Clone(stream), fakepeer.ConnectionCloseOk()...)
-	replies := 0
-	for len(rest) >= frameHeader {
-		typ, channel := rest[0], binary.BigEndian.Uint16(rest[1:])
-		size := binary.BigEndian.Uint32(rest[3:frameHeader])
-		switch typ {
-		case fakepeer.FrameMethod, fakepeer.FrameHeader, fakepeer.FrameBody, fakepeer.FrameHeartbeat:
-		default:
-			return false // the splitter refuses the type: reading stops
-		}
-		if uint64(size)+frameHeader+1 > min(frameMax, uint64(len(rest))) {
-			return false // too large, or truncated: reading stops or waits
-		}
-		end := frameHeader + int(size)
-		if rest[end] != fakepeer.FrameEnd {
-			return false
-		}
-		if typ == fakepeer.FrameMethod && channel == 0 && size >= methodArgsBase {
-			class := binary.BigEndian.Uint16(rest[frameHeader:])
-			method := binary.BigEndian.Uint16(rest[frameHeader+2:])
-			if !(class == 10 && (method == 50 || method == 60 || method == 61)) {
-				if replies++; replies > legacyRPCCap {
-					return true
-				}
-			}
-		}
-		rest = rest[end+1:]
-	}
-	return false
-}
-
 // blockedIDs and unblockedIDs are the class and method IDs that open the
 // payload of connection.blocked and connection.unblocked.
 var (
@@ -131,10 +78,9 @@ var (
 
 // mayCarryBlocked reports whether the client could read a
 // connection.blocked or connection.unblocked anywhere in stream. Upstream
-// and legacy mode can crash on those when the connection shuts down at the
-// same time (TestBlockedNotificationRacesShutdown): an upstream bug that
-// upstream mode must keep, and that legacy mode inherits until its fix, so
-// FuzzConnection skips such inputs in those two modes.
+// mode can crash on those when the connection shuts down at the same time
+// (TestBlockedNotificationRacesShutdown): an upstream bug that upstream
+// mode must keep, so FuzzConnection skips such inputs in that mode only.
 // Like boundAckMultiple it looks at every offset, whatever the framing;
 // the close-ok that may follow the stream cannot complete either method.
 func mayCarryBlocked(stream []byte) bool {

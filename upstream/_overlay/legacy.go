@@ -215,7 +215,13 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 			return l.waitErr(&g.genEnd)
 		}
 		l.blocks.trackBlocks(f)
-		l.c.demux(f)
+		if err := l.replyOverflow(g, f); err != nil {
+			l.fail(g, err)
+			return l.waitErr(&g.genEnd)
+		}
+		if !l.notifyBlocks(f) {
+			l.c.demux(f)
+		}
 		if g.isDead() {
 			return nil // the frame was connection.close, or teardown ran
 		}
@@ -225,6 +231,65 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 		}
 	}
 	return nil
+}
+
+// replyOverflow returns the error to fail the connection with when f is a
+// method on channel 0 that upstream's dispatch0 would hand to a caller as a
+// reply (any method but connection.close, blocked and unblocked) and
+// connRPCCap replies already wait. dispatch0 would wait for a caller to
+// take one, but in legacy mode the goroutine dispatching holds the read
+// turn, so it may be the very caller that would take it, and no other
+// caller can pump meanwhile: DrainEvents and Close would hang. Drainer
+// mode fails the connection the same way. Only the turn holder sends on
+// g.rpc, so a free slot seen here is still free for dispatch0.
+func (l *legacyConn) replyOverflow(g *legacyGen, f frame) *Error {
+	mf, ok := f.(*methodFrame)
+	if !ok || f.channel() != 0 {
+		return nil
+	}
+	switch mf.Method.(type) {
+	case *connectionClose, *connectionBlocked, *connectionUnblocked:
+		return nil
+	}
+	if len(g.rpc) < cap(g.rpc) {
+		return nil
+	}
+	return &Error{Code: UnexpectedFrame, Reason: fmt.Sprintf(
+		"unexpected %T on channel 0: %d replies already wait for a caller", mf.Method, connRPCCap)}
+}
+
+// notifyBlocks hands connection.blocked and connection.unblocked to the
+// NotifyBlocked listeners in place of upstream's dispatch0, and reports
+// whether f was one of them. dispatch0 sends to the listeners holding no
+// lock, so a shutdown on another goroutine (Close, or a write that failed)
+// can close a listener under the send, which panics the process. Holding
+// notifyM for reading keeps shutdown from closing the listeners until the
+// send is done, and noNotify, set under notifyM, says they are gone. c.m
+// is taken before notifyM, in shutdown's order.
+func (l *legacyConn) notifyBlocks(f frame) bool {
+	mf, ok := f.(*methodFrame)
+	if !ok || mf.ChannelId != 0 {
+		return false
+	}
+	var b Blocking
+	switch m := mf.Method.(type) {
+	case *connectionBlocked:
+		b = Blocking{Active: true, Reason: m.Reason}
+	case *connectionUnblocked:
+		b = Blocking{Active: false}
+	default:
+		return false
+	}
+	c := l.c
+	c.m.Lock()
+	blocks := c.blocks
+	c.m.Unlock()
+	c.notifyM.RLock()
+	defer c.notifyM.RUnlock()
+	if !c.noNotify {
+		notifyAll(blocks, b)
+	}
+	return true
 }
 
 // readOnce reads once under the transport lock, with a deadline that
