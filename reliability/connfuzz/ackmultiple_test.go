@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"sync"
 	"testing"
 	"time"
 
@@ -55,16 +54,9 @@ func TestAckMultipleIsLinearInTheTag(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			var drainer sync.WaitGroup
-			drainer.Add(1)
-			go func() {
-				defer drainer.Done()
-				drainLoop(ctx, conn, new(outcome))
-			}()
+			stopDrain := startDrainLoop(t, conn)
 			defer func() {
-				cancel()
-				waitGroup(t, callBound, &drainer, "DrainEvents")
+				stopDrain()
 				if err := within(t, callBound, "Close", conn.Close); err != nil {
 					t.Errorf("Close: %v", err)
 				}
@@ -82,7 +74,7 @@ func TestAckMultipleIsLinearInTheTag(t *testing.T) {
 			confirms := ch.NotifyPublish(make(chan amqp.Confirmation, n))
 			start := time.Now()
 			within(t, callBound, "Publish", func() result[struct{}] {
-				return result[struct{}]{err: ch.PublishWithContext(ctx, "", queueName, false, false, amqp.Publishing{})}
+				return result[struct{}]{err: ch.PublishWithContext(context.Background(), "", queueName, false, false, amqp.Publishing{})}
 			}).get(t)
 			settled := uint64(n)
 			if mode == compat.Drainer {

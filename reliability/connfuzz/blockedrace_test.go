@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"sync"
 	"testing"
 	"time"
 
@@ -118,17 +117,7 @@ func playBlockedRace(t *testing.T, modeName string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	var drainer sync.WaitGroup
-	drainer.Add(1)
-	go func() {
-		defer drainer.Done()
-		drainLoop(ctx, conn, new(outcome))
-	}()
-	defer func() {
-		cancel()
-		waitGroup(t, callBound, &drainer, "DrainEvents")
-	}()
+	defer startDrainLoop(t, conn)()
 	connDone := conn.NotifyClose(make(chan *amqp.Error, 1))
 	read := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
 	conn.NotifyBlocked(make(chan amqp.Blocking)) // never read

@@ -2,10 +2,8 @@ package connfuzz
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,17 +54,7 @@ func TestUnexpectedChannelZeroMethodIsTakenAsAReply(t *testing.T) {
 				t.Fatal(err)
 			}
 			blocks := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
-			ctx, cancel := context.WithCancel(context.Background())
-			var drainer sync.WaitGroup
-			drainer.Add(1)
-			go func() {
-				defer drainer.Done()
-				drainLoop(ctx, conn, new(outcome))
-			}()
-			defer func() {
-				cancel()
-				waitGroup(t, callBound, &drainer, "DrainEvents")
-			}()
+			defer startDrainLoop(t, conn)()
 			// Opening the channel is the signal for the peer to send.
 			within(t, callBound, "Channel", func() result[*amqp.Channel] {
 				c, err := conn.Channel()

@@ -329,6 +329,23 @@ func drainLoop(ctx context.Context, conn *amqp.Connection, out *outcome) {
 	}
 }
 
+// startDrainLoop runs drainLoop on its own goroutine, as FuzzConnection
+// does, recording nothing: the reproducers check their own outcome. The
+// returned stop ends the loop and fails t if it does not end in time.
+func startDrainLoop(t *testing.T, conn *amqp.Connection) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	var drainer sync.WaitGroup
+	drainer.Add(1)
+	go func() {
+		defer drainer.Done()
+		drainLoop(ctx, conn, new(outcome))
+	}()
+	return func() {
+		cancel()
+		waitGroup(t, callBound, &drainer, "DrainEvents")
+	}
+}
+
 // result is what a bounded call returned.
 type result[T any] struct {
 	v   T
