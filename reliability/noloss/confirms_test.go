@@ -61,20 +61,8 @@ func confirmationAtLoss(t *testing.T, withRecovery bool) {
 	if withRecovery {
 		cfg.Recovery = recovery()
 	}
-	conn, err := drainer.DialConfig(proxy.URL(), cfg, drainer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	closes := conn.NotifyClose(make(chan *amqp.Error, 16))
-	connStates := make(chan *amqp.StateChanged, 64)
-	conn.NotifyStateChange(connStates)
-	ch := testenv.Channel(t, conn)
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	chStates := make(chan *amqp.StateChanged, 64)
-	ch.NotifyStateChange(chStates)
+	w := dialWatched(t, proxy.URL(), cfg)
+	ch, closes, connStates, chStates := w.ch, w.closes, w.connStates, w.chStates
 	listener := ch.NotifyPublish(make(chan amqp.Confirmation, 16))
 
 	publish := func(id string) (*amqp.DeferredConfirmation, error) {
@@ -199,22 +187,10 @@ func naiveRepublish(t *testing.T) {
 	q := queue.Durable(t, "reliability-noloss-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
-	conn, err := drainer.DialConfig(proxy.URL(), amqp.Config{Recovery: &amqp.Recovery{
+	w := dialWatched(t, proxy.URL(), amqp.Config{Recovery: &amqp.Recovery{
 		ReconnectionConfig: &amqp.ReconnectionConfig{MaxRetryCount: 10, RetryInterval: 100 * time.Millisecond},
-	}}, drainer.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	closes := conn.NotifyClose(make(chan *amqp.Error, 16))
-	connStates := make(chan *amqp.StateChanged, 64)
-	conn.NotifyStateChange(connStates)
-	ch := testenv.Channel(t, conn)
-	if err := ch.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
-	chStates := make(chan *amqp.StateChanged, 64)
-	ch.NotifyStateChange(chStates)
+	}})
+	ch, closes, connStates := w.ch, w.closes, w.connStates
 	publish := func(id string) (*amqp.DeferredConfirmation, error) {
 		return ch.PublishWithDeferredConfirmWithContext(context.Background(), "", q, false, false,
 			amqp.Publishing{MessageId: id, Body: []byte(id), DeliveryMode: amqp.Persistent})
@@ -357,6 +333,38 @@ func expectConfirmations(t *testing.T, l <-chan amqp.Confirmation, want ...amqp.
 			t.Fatalf("NotifyPublish confirmation %d (%+v) never came", i+1, w)
 		}
 	}
+}
+
+// watched is a drainer connection with a channel in confirm mode, and the
+// notifications the no-loss tests wait on.
+type watched struct {
+	conn                 *amqp.Connection
+	ch                   *amqp.Channel
+	closes               <-chan *amqp.Error
+	connStates, chStates <-chan *amqp.StateChanged
+}
+
+// dialWatched dials url in drainer mode with cfg, opens a confirming
+// channel and listens to the connection's close and both state changes.
+// The connection is closed when the test ends.
+func dialWatched(t *testing.T, url string, cfg amqp.Config) watched {
+	t.Helper()
+	conn, err := drainer.DialConfig(url, cfg, drainer.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	w := watched{conn: conn, closes: conn.NotifyClose(make(chan *amqp.Error, 16))}
+	connStates := make(chan *amqp.StateChanged, 64)
+	conn.NotifyStateChange(connStates)
+	w.ch = testenv.Channel(t, conn)
+	if err := w.ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	chStates := make(chan *amqp.StateChanged, 64)
+	w.ch.NotifyStateChange(chStates)
+	w.connStates, w.chStates = connStates, chStates
+	return w
 }
 
 func awaitClose(t *testing.T, closes <-chan *amqp.Error) {

@@ -210,26 +210,7 @@ type consumer struct {
 }
 
 func (c *consumer) run(ctx context.Context, stop <-chan struct{}) error {
-	for {
-		select {
-		case <-stop:
-			return nil
-		case <-ctx.Done():
-			return fmt.Errorf("consumer %d: %w", c.idx, ctx.Err())
-		default:
-		}
-		conn, err := drainer.DialConfig(c.url, amqp.Config{}, drainer.Options{})
-		if err != nil {
-			sleepCtx(ctx, redialPause)
-			continue
-		}
-		done := c.session(ctx, stop, conn)
-		_ = conn.Close()
-		if done {
-			return nil
-		}
-		c.losses.Add(1)
-	}
+	return redial(ctx, stop, c.url, fmt.Sprintf("consumer %d", c.idx), &c.losses, c.session)
 }
 
 // session consumes on one connection; it reports whether it ended because
@@ -284,25 +265,33 @@ type churner struct {
 }
 
 func (c *churner) run(ctx context.Context, stop <-chan struct{}) error {
+	return redial(ctx, stop, c.url, "churner", &c.losses, c.session)
+}
+
+// redial runs session on a fresh drainer connection until stop is closed
+// or ctx ends, counting each connection the session reports lost in
+// losses. session reports whether it ended because of stop or ctx.
+func redial(ctx context.Context, stop <-chan struct{}, url, who string, losses *atomic.Int64,
+	session func(context.Context, <-chan struct{}, *amqp.Connection) bool) error {
 	for {
 		select {
 		case <-stop:
 			return nil
 		case <-ctx.Done():
-			return fmt.Errorf("churner: %w", ctx.Err())
+			return fmt.Errorf("%s: %w", who, ctx.Err())
 		default:
 		}
-		conn, err := drainer.DialConfig(c.url, amqp.Config{}, drainer.Options{})
+		conn, err := drainer.DialConfig(url, amqp.Config{}, drainer.Options{})
 		if err != nil {
 			sleepCtx(ctx, redialPause)
 			continue
 		}
-		done := c.session(ctx, stop, conn)
+		done := session(ctx, stop, conn)
 		_ = conn.Close()
 		if done {
 			return nil
 		}
-		c.losses.Add(1)
+		losses.Add(1)
 	}
 }
 
