@@ -86,6 +86,8 @@ type legacyConn struct {
 
 	mu  sync.Mutex
 	gen *legacyGen
+
+	pub publishOut // the generation's socket writer, under c.sendM (publish.go)
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
@@ -142,7 +144,9 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	l.blocks.unblock() // a new socket, which the broker has not blocked
 	l.mu.Unlock()
 	l.c.sendM.Lock()
-	l.c.writer = &writer{bufio.NewWriter(&lockedWriter{l: l, g: g})}
+	lw := &lockedWriter{l: l, g: g}
+	l.pub.buf, l.pub.out = bufio.NewWriter(lw), lw
+	l.c.writer = &writer{l.pub.buf}
 	l.c.sendM.Unlock()
 	l.c.m.Lock()
 	l.c.rpc = g.rpc
@@ -166,6 +170,23 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	}
 	return n, w.g.explain(err)
 }
+
+// writeVectors is Write for a publish's buffers (publish.go), under the
+// transport lock: one writev on a TCP or Unix socket, a Write per buffer
+// on other transports.
+func (w *lockedWriter) writeVectors(v *net.Buffers) (int64, error) {
+	w.l.transport.Lock()
+	defer w.l.transport.Unlock()
+	n, err := v.WriteTo(w.g.conn)
+	if n > 0 {
+		w.g.stateM.Lock()
+		w.g.lastSent = time.Now()
+		w.g.stateM.Unlock()
+	}
+	return n, w.g.explain(err)
+}
+
+func (l *legacyConn) publishOut() *publishOut { return &l.pub }
 
 // heartbeater: no goroutine; heartbeats are sent while the application
 // calls in.
