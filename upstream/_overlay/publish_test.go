@@ -187,7 +187,7 @@ func canonTable(b []byte) (table, rest []byte, err error) {
 		entries = append(entries, append(entry, field...))
 	}
 	sort.Slice(entries, func(i, j int) bool {
-		ki, kj := entries[i][1:1+entries[i][0]], entries[j][1:1+entries[j][0]]
+		ki, kj := entries[i][1:1+int(entries[i][0])], entries[j][1:1+int(entries[j][0])]
 		return bytes.Compare(ki, kj) < 0
 	})
 	table = binary.BigEndian.AppendUint32(nil, uint32(n))
@@ -493,6 +493,7 @@ func FuzzPublishEncoding(f *testing.F) {
 	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 1, 1, 4, 17, 3, 16, 2, 12, 0xff, 0xff})
 	f.Add(bytes.Repeat([]byte{0xff}, 64))
 	f.Add(bytes.Repeat([]byte{0x11, 0x03, 0x7f}, 40))
+	f.Add([]byte("A0y29809!C20809190010\xff")) // two table keys, one of 255 bytes
 	f.Fuzz(func(t *testing.T, data []byte) {
 		g := &publishGen{b: data}
 		channel := g.uint16()
