@@ -305,7 +305,7 @@ func (pb *publishBuf) encodeBody(channel uint16, body []byte, size int) {
 		if copyBody {
 			b = append(b, body[i:j]...)
 		} else {
-			vecs = append(vecs, b[from:len(b)], body[i:j])
+			vecs = append(vecs, b[from:], body[i:j])
 			from = len(b)
 		}
 		b = append(b, frameEnd)
