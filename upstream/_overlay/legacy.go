@@ -62,12 +62,14 @@ type legacyMode struct{ opts LegacyOptions }
 func (legacyMode) Mode() string { return "legacy" }
 
 func (m legacyMode) attach(c *Connection) readPath {
-	return &legacyConn{
+	l := &legacyConn{
 		c:           c,
 		opts:        m.opts,
 		turn:        make(chan struct{}, 1),
 		closeIntent: newCloseIntent(),
 	}
+	l.confirmPump = l.waitConfirm
+	return l
 }
 
 // legacyConn is the legacy read path of one Connection.
@@ -88,6 +90,10 @@ type legacyConn struct {
 	gen *legacyGen
 
 	pub publishOut // the generation's socket writer, under c.sendM (publish.go)
+
+	// confirmPump is l.waitConfirm, made once: a method value allocates,
+	// and every publish in confirm mode hands one out.
+	confirmPump confirmPump
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
@@ -110,7 +116,7 @@ type legacyGen struct {
 func (l *legacyConn) mode() string                          { return "legacy" }
 func (l *legacyConn) rpcCap() int                           { return chanRPCCap }
 func (l *legacyConn) deliveryBudget() *budget               { return nil }
-func (l *legacyConn) confirmWaiter() confirmPump            { return l.waitConfirm }
+func (l *legacyConn) confirmWaiter() confirmPump            { return l.confirmPump }
 func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
 func (l *legacyConn) publishGate() *blockGate               { return &l.blocks }
 
