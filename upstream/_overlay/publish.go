@@ -26,16 +26,20 @@ import (
 // taken; under the write lock the body goes to the socket as it is, beside
 // that buffer, in one vectored write (writev on TCP). The bytes on the wire
 // are exactly upstream's (publish_test.go compares them), and so are the
-// errors and what an error does to the channel and the connection.
+// errors and what an error does to the channel and the connection, with one
+// difference: a publish that cannot be encoded writes nothing, where
+// upstream writes the frames before the one that failed.
 //
 // Only PublishWithContext and PublishWithDeferredConfirmWithContext come
 // here, through publishCtx and publishDeferredCtx, and only when the
 // connection has a read path: without one, upstream's code runs.
 
 // publishCopyMax is the largest body that is copied into the pooled buffer
-// so that the whole publish is one contiguous write: below it a copy costs
-// less than a second and third buffer in a vectored write (and, on
-// transports that cannot write vectors, TLS, a second and third Write).
+// so that the whole publish is one contiguous write. A small copy is cheap
+// next to a write call, and on transports that cannot write vectors (TLS)
+// it saves a Write (a TLS record) for the body and one for the frame-end;
+// larger bodies go uncopied. 2 KiB is a judgement, not a measured optimum:
+// the micro-benchmark's sink cannot write vectors and so cannot tell.
 const publishCopyMax = 2048
 
 // publishPoolMax bounds the buffers kept in the pool: a publish with a huge
