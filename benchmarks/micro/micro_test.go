@@ -90,6 +90,51 @@ func BenchmarkPublish(b *testing.B) {
 	})
 }
 
+// BenchmarkPublishConfirm is BenchmarkPublish on a channel in confirm
+// mode, through PublishWithDeferredConfirmWithContext: the publish plus
+// its confirm bookkeeping (a DeferredConfirmation per publish, which the
+// library keeps until the broker confirms it; the fake peer never does, so
+// the bookkeeping's map grows over the run and its growth counts too).
+func BenchmarkPublishConfirm(b *testing.B) {
+	forEach(b, func(b *testing.B, mode string, size int) {
+		p := fakepeer.Listen(b)
+		p.Serve(func(s *fakepeer.Session) error {
+			ch, err := s.AnswerChannelOpen()
+			if err != nil {
+				return err
+			}
+			if _, err := s.ExpectMethod(ch, 85, 10); err != nil { // confirm.select
+				return err
+			}
+			return s.Send(fakepeer.ConfirmSelectOk(ch))
+		})
+		var sink *sinkConn
+		conn := dial(b, p, mode, func(c net.Conn) net.Conn {
+			sink = &sinkConn{Conn: c}
+			return sink
+		})
+		ch, err := conn.Channel()
+		if err != nil {
+			b.Fatalf("channel: %v", err)
+		}
+		if err := ch.Confirm(false); err != nil {
+			b.Fatalf("confirm: %v", err)
+		}
+		msg := amqp.Publishing{ContentType: "application/json", ContentEncoding: "utf-8",
+			Body: bytes.Repeat([]byte{'x'}, size)}
+
+		sink.discard.Store(true)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := ch.PublishWithDeferredConfirmWithContext(b.Context(), "", "bench", false, false, msg); err != nil {
+				b.Fatalf("publish: %v", err)
+			}
+		}
+		sink.discard.Store(false)
+		b.ReportMetric(float64(sink.discarded.Load())/float64(b.N), "wire-B/op")
+	})
+}
+
 // BenchmarkDeliver measures one delivery of a payload of the given size to
 // an autoAck consumer: frame reading and decoding, dispatch in the mode
 // (through a DrainEvents loop in legacy mode, whose own allocations count),

@@ -81,9 +81,14 @@ func (b *blockGate) trackBlocks(f frame) {
 
 // publishCtx and publishDeferredCtx are the hooks in PublishWithContext and
 // PublishWithDeferredConfirmWithContext, after their own ctx check: they
-// wait at the read path's gate, if there is one, then publish as upstream.
+// wait at the read path's gate, if there is one, then publish, through the
+// fast path of publish.go with a read path and as upstream without.
 func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) error {
 	if err := ch.connection.publishWait(ctx); err != nil {
+		return err
+	}
+	if ch.connection.rp != nil {
+		_, err := ch.publishFast(exchange, key, mandatory, immediate, &msg)
 		return err
 	}
 	return ch.Publish(exchange, key, mandatory, immediate, msg)
@@ -92,6 +97,9 @@ func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandato
 func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
 	if err := ch.connection.publishWait(ctx); err != nil {
 		return nil, err
+	}
+	if ch.connection.rp != nil {
+		return ch.publishFast(exchange, key, mandatory, immediate, &msg)
 	}
 	return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
 }

@@ -132,6 +132,7 @@ type drainConn struct {
 	gen         *drainGen
 	dispatchers map[*Channel]*chanDispatcher
 	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
+	pub         publishOut   // the generation's socket writer, under c.sendM (publish.go)
 }
 
 // drainGen is one connection generation: one socket, one drainer goroutine.
@@ -183,7 +184,9 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	// Count every byte written, so the heartbeat knows whether anything
 	// else went out during an interval without taking the write lock.
 	d.c.sendM.Lock()
-	d.c.writer = &writer{bufio.NewWriter(&countingWriter{w: conn, n: &g.sent, end: &g.genEnd})}
+	cw := &countingWriter{w: conn, n: &g.sent, end: &g.genEnd}
+	d.pub.buf, d.pub.out = bufio.NewWriter(cw), cw
+	d.c.writer = &writer{d.pub.buf}
 	d.c.sendM.Unlock()
 	d.c.m.Lock()
 	d.c.rpc = g.rpc
@@ -205,6 +208,16 @@ func (cw *countingWriter) Write(p []byte) (int, error) {
 	cw.n.Add(uint64(n))
 	return n, cw.end.explain(err)
 }
+
+// writeVectors is Write for a publish's buffers (publish.go): one writev
+// on a TCP or Unix socket, a Write per buffer on other writers.
+func (cw *countingWriter) writeVectors(v *net.Buffers) (int64, error) {
+	n, err := v.WriteTo(cw.w)
+	cw.n.Add(uint64(n))
+	return n, cw.end.explain(err)
+}
+
+func (d *drainConn) publishOut() *publishOut { return &d.pub }
 
 // heartbeater takes over heartbeats when the socket supports read
 // deadlines, which the drainer uses as its timer. Transports without them

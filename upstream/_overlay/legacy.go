@@ -62,12 +62,14 @@ type legacyMode struct{ opts LegacyOptions }
 func (legacyMode) Mode() string { return "legacy" }
 
 func (m legacyMode) attach(c *Connection) readPath {
-	return &legacyConn{
+	l := &legacyConn{
 		c:           c,
 		opts:        m.opts,
 		turn:        make(chan struct{}, 1),
 		closeIntent: newCloseIntent(),
 	}
+	l.confirmPump = l.waitConfirm
+	return l
 }
 
 // legacyConn is the legacy read path of one Connection.
@@ -86,6 +88,12 @@ type legacyConn struct {
 
 	mu  sync.Mutex
 	gen *legacyGen
+
+	pub publishOut // the generation's socket writer, under c.sendM (publish.go)
+
+	// confirmPump is l.waitConfirm, made once: a method value allocates,
+	// and every publish in confirm mode hands one out.
+	confirmPump confirmPump
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
@@ -108,7 +116,7 @@ type legacyGen struct {
 func (l *legacyConn) mode() string                          { return "legacy" }
 func (l *legacyConn) rpcCap() int                           { return chanRPCCap }
 func (l *legacyConn) deliveryBudget() *budget               { return nil }
-func (l *legacyConn) confirmWaiter() confirmPump            { return l.waitConfirm }
+func (l *legacyConn) confirmWaiter() confirmPump            { return l.confirmPump }
 func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
 func (l *legacyConn) publishGate() *blockGate               { return &l.blocks }
 
@@ -142,7 +150,9 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	l.blocks.unblock() // a new socket, which the broker has not blocked
 	l.mu.Unlock()
 	l.c.sendM.Lock()
-	l.c.writer = &writer{bufio.NewWriter(&lockedWriter{l: l, g: g})}
+	lw := &lockedWriter{l: l, g: g}
+	l.pub.buf, l.pub.out = bufio.NewWriter(lw), lw
+	l.c.writer = &writer{l.pub.buf}
 	l.c.sendM.Unlock()
 	l.c.m.Lock()
 	l.c.rpc = g.rpc
@@ -166,6 +176,23 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	}
 	return n, w.g.explain(err)
 }
+
+// writeVectors is Write for a publish's buffers (publish.go), under the
+// transport lock: one writev on a TCP or Unix socket, a Write per buffer
+// on other transports.
+func (w *lockedWriter) writeVectors(v *net.Buffers) (int64, error) {
+	w.l.transport.Lock()
+	defer w.l.transport.Unlock()
+	n, err := v.WriteTo(w.g.conn)
+	if n > 0 {
+		w.g.stateM.Lock()
+		w.g.lastSent = time.Now()
+		w.g.stateM.Unlock()
+	}
+	return n, w.g.explain(err)
+}
+
+func (l *legacyConn) publishOut() *publishOut { return &l.pub }
 
 // heartbeater: no goroutine; heartbeats are sent while the application
 // calls in.
