@@ -17,6 +17,11 @@ import (
 // bound, one forged header would make the splitter buffer that much.
 const maxUnlimitedFrame = 64 << 20
 
+// readAhead is how many bytes the splitter asks for per read once frames
+// flow (capped by the frame maximum): large enough that one read carries
+// many small deliveries, small enough to cost little per connection.
+const readAhead = 64 << 10
+
 // frameSplitter cuts a byte stream into complete AMQP frames (spec 2.3.5:
 // type, channel, size, payload, frame-end).
 //
@@ -30,6 +35,10 @@ type frameSplitter struct {
 	buf        []byte         // buf[start:end] is read but not yet returned
 	start, end int            //
 	maxFrame   *atomic.Uint32 // negotiated frame_max (header+payload+end), 0 for none
+	// flowing is set once a valid frame came out: only then does the
+	// buffer grow to readAhead, so a peer refused at its first header
+	// never costs more than the minimum buffer.
+	flowing bool
 
 	// raw and parser parse what next returns, reset onto each frame
 	// rather than allocated per frame: the drainer and legacy modes parse
@@ -99,6 +108,7 @@ func (s *frameSplitter) next() ([]byte, error) {
 		return nil, &frameError{fmt.Sprintf("frame-end octet is %#x, want %#x", end, frameEnd), ErrFrame}
 	}
 	s.start += total
+	s.flowing = true
 	return avail[:total:total], nil
 }
 
@@ -121,13 +131,26 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	if s.start > 0 && s.start == s.end {
 		s.start, s.end = 0, 0
 	}
-	if len(s.buf)-s.start < need {
-		// Move the partial frame to the front, growing the buffer only when
-		// the frame itself is larger than it: memory stays bounded by the
-		// largest frame the peer was allowed to send.
+	size := need
+	if s.flowing && size < readAhead {
+		// Read many small frames per read, rather than at most a few
+		// thousand bytes' worth: one read (and in legacy mode one
+		// DrainEvents turn) per frame costs more than the frames.
+		size = readAhead
+		if limit := s.limit(); size > limit {
+			size = limit
+		}
+		if size < need {
+			size = need
+		}
+	}
+	if len(s.buf) < size || len(s.buf)-s.start < need {
+		// Move the partial frame to the front, growing the buffer only up
+		// to the read-ahead or the frame itself: memory stays bounded by
+		// that or the largest frame the peer was allowed to send.
 		buf := s.buf
-		if len(buf) < need {
-			buf = make([]byte, need)
+		if len(buf) < size {
+			buf = make([]byte, size)
 		}
 		s.end = copy(buf, s.buf[s.start:s.end])
 		s.start = 0
