@@ -29,8 +29,10 @@ type serialQueue struct {
 	// no push in flight.
 	outer   *sync.Mutex
 	retired func() // runs under outer when the queue empties
-	// handleJob runs the jobs that have no run function.
-	handleJob func(*queuedJob)
+	// handleJob runs the jobs that have no run function. It takes the job
+	// by value: a pointer to the loop's copy would move it to the heap, an
+	// allocation per job.
+	handleJob func(queuedJob)
 
 	mu      sync.Mutex
 	jobs    []queuedJob // jobs[head:] are queued
@@ -92,7 +94,7 @@ func (q *serialQueue) loop() {
 		if job.run != nil {
 			job.run()
 		} else {
-			q.handleJob(&job)
+			q.handleJob(job)
 		}
 		q.budget.release(job.cost)
 	}
@@ -298,7 +300,7 @@ func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 }
 
 // handle dispatches one method or complete message.
-func (disp *chanDispatcher) handle(job *queuedJob) {
+func (disp *chanDispatcher) handle(job queuedJob) {
 	switch {
 	case job.del != nil:
 		disp.ch.consumers.deliver(job.del.ConsumerTag, job.del)

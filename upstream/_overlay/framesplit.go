@@ -17,9 +17,10 @@ import (
 // bound, one forged header would make the splitter buffer that much.
 const maxUnlimitedFrame = 64 << 20
 
-// readAhead is how many bytes the splitter asks for per read once frames
-// flow (capped by the frame maximum): large enough that one read carries
-// many small deliveries, small enough to cost little per connection.
+// readAhead is the most the splitter asks for per read, once reads keep
+// filling its buffer (capped by the frame maximum): large enough that one
+// read carries many small deliveries, small enough to cost little per
+// streaming connection.
 const readAhead = 64 << 10
 
 // frameSplitter cuts a byte stream into complete AMQP frames (spec 2.3.5:
@@ -35,10 +36,10 @@ type frameSplitter struct {
 	buf        []byte         // buf[start:end] is read but not yet returned
 	start, end int            //
 	maxFrame   *atomic.Uint32 // negotiated frame_max (header+payload+end), 0 for none
-	// flowing is set once a valid frame came out: only then does the
-	// buffer grow to readAhead, so a peer refused at its first header
-	// never costs more than the minimum buffer.
-	flowing bool
+	// ahead is the buffer size that reads have earned: it doubles, up to
+	// readAhead, each time a read fills the buffer, so only a connection
+	// that streams pays for a large buffer.
+	ahead int
 
 	// raw and parser parse what next returns, reset onto each frame
 	// rather than allocated per frame: the drainer and legacy modes parse
@@ -108,7 +109,6 @@ func (s *frameSplitter) next() ([]byte, error) {
 		return nil, &frameError{fmt.Sprintf("frame-end octet is %#x, want %#x", end, frameEnd), ErrFrame}
 	}
 	s.start += total
-	s.flowing = true
 	return avail[:total:total], nil
 }
 
@@ -132,17 +132,8 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 		s.start, s.end = 0, 0
 	}
 	size := need
-	if s.flowing && size < readAhead {
-		// Read many small frames per read, rather than at most a few
-		// thousand bytes' worth: one read (and in legacy mode one
-		// DrainEvents turn) per frame costs more than the frames.
-		size = readAhead
-		if limit := s.limit(); size > limit {
-			size = limit
-		}
-		if size < need {
-			size = need
-		}
+	if s.ahead > size {
+		size = s.ahead
 	}
 	if len(s.buf) < size || len(s.buf)-s.start < need {
 		// Move the partial frame to the front, growing the buffer only up
@@ -161,5 +152,22 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	}
 	n, err := r.Read(s.buf[s.end:])
 	s.end += n
+	if s.end == len(s.buf) && len(s.buf) < readAhead {
+		// The read filled the buffer, so more is probably waiting: read
+		// more at a time from now on, up to readAhead (and the frame
+		// maximum). One read per few frames, and in legacy mode one
+		// DrainEvents turn per few frames, costs more than the frames;
+		// a connection that never streams keeps its small buffer.
+		ahead := 2 * len(s.buf)
+		if ahead > readAhead {
+			ahead = readAhead
+		}
+		if limit := s.limit(); ahead > limit {
+			ahead = limit
+		}
+		if ahead > s.ahead {
+			s.ahead = ahead
+		}
+	}
 	return n, err
 }
