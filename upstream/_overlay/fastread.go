@@ -356,7 +356,15 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	if capacity > limit {
 		capacity = limit
 	}
-	a.body = make([]byte, 0, capacity)
+	a.body = nil
+	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag) {
+		// A ConsumeFunc consumer's body, recycled when its handler
+		// returns (pool.go).
+		a.body = pooledBody(size)
+	}
+	if a.body == nil {
+		a.body = make([]byte, 0, capacity)
+	}
 	a.state = awaitContent
 	return false
 }
