@@ -181,3 +181,33 @@ func TestConsumeFuncEndsWithTheConnection(t *testing.T) {
 		t.Fatal("ConsumeFunc still running 30s after the connection closed")
 	}
 }
+
+// TestMessageLargerThanTheBudgetArrives: a message bigger than the whole
+// budget, in many body frames, is assembled and delivered, not stuck
+// behind a pause that only reading it could end: the bytes of a message
+// still being assembled never pause the drainer.
+func TestMessageLargerThanTheBudgetArrives(t *testing.T) {
+	const budget, size = 256 << 10, 4 << 20 // 32 frames of 128 KiB
+	conn, err := drainer.Dial(testenv.AMQPURL(t), drainer.Options{Budget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := pooledQueue(t, ch, 1, size)
+	deliveries, err := ch.Consume(q, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-deliveries:
+		if !bytes.Equal(d.Body, pooledBody(0, size)) {
+			t.Fatalf("body of %d bytes differs from the %d published", len(d.Body), size)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a message larger than the budget did not arrive within 30s")
+	}
+}

@@ -84,7 +84,9 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 //     broker cancels the consumer.
 //
 // In legacy mode, deliveries arrive only while someone calls
-// Connection.DrainEvents, as for Consume.
+// Connection.DrainEvents, as for Consume, and the basic.cancel that ends
+// the consumption is a write: it waits for a read in progress, as every
+// write does in that mode, so drain with short DrainEvents calls.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
