@@ -1,8 +1,10 @@
 package drainer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log"
 	"time"
 
@@ -97,4 +99,49 @@ func ExampleDial_consumer() {
 		log.Printf("got %q", d.Body)
 		_ = d.Ack(false)
 	}
+}
+
+// Pooled consumption: ConsumeFunc hands each delivery to a handler and
+// recycles its body when the handler returns, so a steady consumer
+// allocates no body per message. The body, and the *Delivery itself, are
+// valid only inside the handler: copy what must outlive it.
+func ExampleConsumeFunc() {
+	conn, err := drainer.Dial("amqp://guest:guest@127.0.0.1:5672/", drainer.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, body := range []string{"one", "two", "three"} {
+		if err := ch.PublishWithContext(context.Background(), "", q.Name, false, false,
+			amqp.Publishing{Body: []byte(body)}); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var kept [][]byte
+	err = drainer.ConsumeFunc(ctx, ch, q.Name, amqp.ConsumeFuncOptions{},
+		func(d *amqp.Delivery) error {
+			fmt.Printf("%s\n", d.Body)               // fine: inside the handler
+			kept = append(kept, bytes.Clone(d.Body)) // a copy may be kept
+			if len(kept) == 3 {
+				cancel() // ConsumeFunc cancels the consumer and returns ctx.Err()
+			}
+			return d.Ack(false)
+		})
+	fmt.Println(errors.Is(err, context.Canceled), len(kept))
+	// Output:
+	// one
+	// two
+	// three
+	// true 3
 }

@@ -42,6 +42,13 @@
 // On a transport without read deadlines (a custom io.ReadWriteCloser such
 // as io.Pipe), a read cannot be cut short: there the transport lock covers
 // writes only, and DrainEvents honours ctx only between reads.
+//
+// Deliveries are decoded as in drainer mode: straight from the read
+// buffer, with the body read once into the delivery's own body, so the
+// reader that holds the turn makes one copy of each body, no more.
+// amqp.Channel.ConsumeFunc (pooled bodies, valid only inside the handler)
+// works here too; its deliveries, like Consume's, arrive only while
+// someone calls DrainEvents.
 package legacyread
 
 import amqp "github.com/rabbitmq/amqp091-go"

@@ -16,6 +16,7 @@ type budget struct {
 
 	mu     sync.Mutex
 	used   int64
+	pinned int64         // part of used that only reading more can release
 	belowC chan struct{} // closed when used falls to low or below, while someone waits
 }
 
@@ -30,11 +31,38 @@ func (b *budget) charge(n int64) {
 func (b *budget) release(n int64) {
 	b.mu.Lock()
 	b.used -= n
-	if b.used <= b.low && b.belowC != nil {
+	b.wakeBelow()
+	b.mu.Unlock()
+}
+
+// pin charges n bytes of a message still being assembled by the reader.
+// They count as memory, but they never make the reader pause: nobody but
+// the reader itself can release them, by reading the rest of the message,
+// so pausing for them would wait forever.
+func (b *budget) pin(n int64) {
+	b.mu.Lock()
+	b.used += n
+	b.pinned += n
+	b.mu.Unlock()
+}
+
+// unpin releases what pin charged, once the message is complete (and is
+// charged again as it is queued) or dropped.
+func (b *budget) unpin(n int64) {
+	b.mu.Lock()
+	b.used -= n
+	b.pinned -= n
+	b.wakeBelow()
+	b.mu.Unlock()
+}
+
+// wakeBelow closes belowC once usage, pinned bytes aside, is at the low
+// mark. b.mu is held.
+func (b *budget) wakeBelow() {
+	if b.used-b.pinned <= b.low && b.belowC != nil {
 		close(b.belowC)
 		b.belowC = nil
 	}
-	b.mu.Unlock()
 }
 
 // over reports whether reading should pause. When it returns true, below is
@@ -42,7 +70,7 @@ func (b *budget) release(n int64) {
 func (b *budget) over() (over bool, below <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.used <= b.high {
+	if b.used-b.pinned <= b.high {
 		return false, nil
 	}
 	if b.belowC == nil {

@@ -6,6 +6,7 @@ package amqp091
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -252,6 +253,8 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 		<-prev.done
 	}
 	split := newFrameSplitter(&d.c.maxFrameSize)
+	cr := &contentReader{budget: d.budget}
+	defer cr.release() // content cut short by the generation's end
 	deadliner, _ := g.conn.(net.Conn)
 	lastRecv := time.Now()
 	// beatAt is when a heartbeat was last due; the next falls due half an
@@ -268,6 +271,12 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 			}
 			if raw == nil {
 				break
+			}
+			if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
+				if stop := d.routeChannel(g, split, cr, channel, raw); stop {
+					return
+				}
+				continue
 			}
 			f, err := split.parse(raw)
 			if err != nil {

@@ -29,8 +29,10 @@ type serialQueue struct {
 	// no push in flight.
 	outer   *sync.Mutex
 	retired func() // runs under outer when the queue empties
-	// handleFrame runs the jobs that pushFrame queued.
-	handleFrame func(frame)
+	// handleJob runs the jobs that have no run function. It takes the job
+	// by value: a pointer to the loop's copy would move it to the heap, an
+	// allocation per job.
+	handleJob func(queuedJob)
 
 	mu      sync.Mutex
 	jobs    []queuedJob // jobs[head:] are queued
@@ -44,22 +46,21 @@ type serialQueue struct {
 // a burst the budget allowed, are dropped so they do not stay pinned.
 const keepJobs = 1024
 
-// queuedJob is a function to run, or a frame for the queue's handleFrame:
-// the drainer queues one job per frame, and a frame needs no closure.
+// queuedJob is a function to run, or what the queue's handleJob takes:
+// a method frame, a complete content message, or a delivery. The drainer
+// queues one job per method or complete message, and none needs a
+// closure.
 type queuedJob struct {
 	run  func()
-	f    frame
+	f    frame              // a method that starts no content
+	msg  messageWithContent // a complete content message (not a fast basic.deliver)
+	del  *Delivery          // a complete basic.deliver from the fast path
 	cost int64
 }
 
 // push queues a job, starting the queue's goroutine if it is not running.
 func (q *serialQueue) push(cost int64, run func()) {
 	q.pushJob(queuedJob{run: run, cost: cost})
-}
-
-// pushFrame queues f for handleFrame.
-func (q *serialQueue) pushFrame(cost int64, f frame) {
-	q.pushJob(queuedJob{f: f, cost: cost})
 }
 
 func (q *serialQueue) pushJob(job queuedJob) {
@@ -93,7 +94,7 @@ func (q *serialQueue) loop() {
 		if job.run != nil {
 			job.run()
 		} else {
-			q.handleFrame(job.f)
+			q.handleJob(job)
 		}
 		q.budget.release(job.cost)
 	}
@@ -125,17 +126,13 @@ func (q *serialQueue) pop() (queuedJob, bool) {
 	return job, true
 }
 
-// chanDispatcher is one channel's dispatcher: its queue, and the content
-// being assembled (touched only by queued jobs, which run one at a time).
+// chanDispatcher is one channel's dispatcher: its queue, which runs the
+// channel's methods and complete messages in order. Content is assembled
+// before, by the drainer (fastread.go).
 type chanDispatcher struct {
 	serialQueue
 	d  *drainConn
 	ch *Channel
-
-	state  assemblyState
-	msg    messageWithContent
-	header *headerFrame
-	body   []byte
 }
 
 type assemblyState int
@@ -150,21 +147,6 @@ const (
 // reading: after connection.close, or after it failed the connection.
 func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 	c := d.c
-	if f.channel() != 0 {
-		c.m.Lock()
-		ch, ok := c.channels[f.channel()]
-		if ok {
-			updateChannel(f, ch)
-		}
-		c.m.Unlock()
-		if !ok {
-			d.conn0Work(func() { d.dispatchClosed(f) })
-			return false
-		}
-		d.dispatch(ch, f)
-		return false
-	}
-
 	mf, ok := f.(*methodFrame)
 	if !ok {
 		if _, beat := f.(*heartbeatFrame); beat {
@@ -246,19 +228,64 @@ func (d *drainConn) conn0Work(job func()) {
 	q.push(frameCost, job)
 }
 
-// dispatch queues a channel frame for the channel's dispatcher.
-func (d *drainConn) dispatch(ch *Channel, f frame) {
-	cost := int64(frameCost)
-	if bf, ok := f.(*bodyFrame); ok {
-		cost += int64(len(bf.Body))
+// routeChannel decodes and hands on one frame of channel id ≠ 0: content
+// is assembled here, and methods and complete messages are queued for the
+// channel's dispatcher. It reports true when the drainer must stop reading
+// (it failed the connection).
+func (d *drainConn) routeChannel(g *drainGen, split *frameSplitter, cr *contentReader, id uint16, raw []byte) (stop bool) {
+	cf, err := cr.decode(split, raw)
+	if err != nil {
+		d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
+		return true
 	}
+	// Counted before routing: a caller woken by this frame (a reply) must
+	// not take it for progress made after its DrainEvents began.
+	g.activity.frames.Add(1)
+	c := d.c
+	c.m.Lock()
+	ch, ok := c.channels[id]
+	if ok && cf.f != nil {
+		updateChannel(cf.f, ch)
+	}
+	c.m.Unlock()
+	if !ok {
+		if raw[0] == frameMethod {
+			// Upstream answers channel.close, ignores close-ok and
+			// closes the connection on any other method; content is
+			// dropped.
+			f := cf.upstreamFrame(split, raw)
+			d.conn0Work(func() { d.dispatchClosed(f) })
+		}
+		return false
+	}
+	a := cr.asm(id, ch)
+	complete, method := cr.feed(a, &cf, c.maxFrameSize.Load())
+	switch {
+	case method != nil:
+		d.dispatch(ch, queuedJob{f: method, cost: frameCost})
+	case complete:
+		del, msg := a.complete()
+		var size int
+		if del != nil {
+			size = len(del.Body)
+		} else {
+			_, body := msg.getContent()
+			size = len(body)
+		}
+		d.dispatch(ch, queuedJob{del: del, msg: msg, cost: frameCost + int64(size)})
+	}
+	return false
+}
+
+// dispatch queues a job for the channel's dispatcher.
+func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Lock()
 	disp := d.dispatchers[ch]
 	if disp == nil {
 		disp = &chanDispatcher{d: d, ch: ch}
 		disp.budget = d.budget
 		disp.outer = &d.mu
-		disp.handleFrame = disp.handle
+		disp.handleJob = disp.handle
 		disp.retired = func() {
 			// A closed channel's dispatcher goes once idle; if recovery
 			// reopens the channel, its frames start a new one.
@@ -268,61 +295,20 @@ func (d *drainConn) dispatch(ch *Channel, f frame) {
 		}
 		d.dispatchers[ch] = disp
 	}
-	disp.pushFrame(cost, f)
+	disp.pushJob(job)
 	d.mu.Unlock()
 }
 
-// handle assembles content, as upstream's recvMethod, recvHeader and
-// recvContent do, and dispatches each complete message.
-func (disp *chanDispatcher) handle(f frame) {
-	switch fr := f.(type) {
-	case *methodFrame:
-		// A method interrupts content in progress (spec 4.2.6).
-		if msg, ok := fr.Method.(messageWithContent); ok {
-			disp.state, disp.msg, disp.header, disp.body = awaitHeader, msg, nil, nil
-			return
-		}
-		disp.state = awaitMethod
-		disp.d.dispatchMessage(disp.ch, fr.Method)
-
-	case *headerFrame:
-		if disp.state != awaitHeader {
-			disp.state = awaitMethod // drop and reset, as upstream
-			return
-		}
-		disp.header = fr
-		if fr.Size == 0 {
-			disp.complete(make([]byte, 0))
-			return
-		}
-		// Size the body from the header, but never trust it for more than
-		// one frame ahead: a forged size must not allocate by itself.
-		capacity := fr.Size
-		if limit := uint64(disp.d.c.maxFrameSize.Load()); limit > 0 && capacity > limit {
-			capacity = limit
-		} else if limit == 0 && capacity > maxUnlimitedFrame {
-			capacity = maxUnlimitedFrame
-		}
-		disp.body = make([]byte, 0, capacity)
-		disp.state = awaitContent
-
-	case *bodyFrame:
-		if disp.state != awaitContent {
-			disp.state = awaitMethod // drop and reset, as upstream
-			return
-		}
-		disp.body = append(disp.body, fr.Body...)
-		if uint64(len(disp.body)) >= disp.header.Size {
-			disp.complete(disp.body)
-		}
+// handle dispatches one method or complete message.
+func (disp *chanDispatcher) handle(job queuedJob) {
+	switch {
+	case job.del != nil:
+		disp.ch.consumers.deliver(job.del.ConsumerTag, job.del)
+	case job.msg != nil:
+		disp.d.dispatchMessage(disp.ch, job.msg)
+	default:
+		disp.d.dispatchMessage(disp.ch, job.f.(*methodFrame).Method)
 	}
-}
-
-func (disp *chanDispatcher) complete(body []byte) {
-	msg := disp.msg
-	msg.setContent(disp.header.Properties, body)
-	disp.state, disp.msg, disp.header, disp.body = awaitMethod, nil, nil, nil
-	disp.d.dispatchMessage(disp.ch, msg)
 }
 
 // Notification costs charged to the budget while a value waits in a mailbox.

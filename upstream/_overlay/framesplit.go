@@ -17,6 +17,12 @@ import (
 // bound, one forged header would make the splitter buffer that much.
 const maxUnlimitedFrame = 64 << 20
 
+// readAhead is the most the splitter asks for per read, once reads keep
+// filling its buffer (capped by the frame maximum): large enough that one
+// read carries many small deliveries, small enough to cost little per
+// streaming connection.
+const readAhead = 64 << 10
+
 // frameSplitter cuts a byte stream into complete AMQP frames (spec 2.3.5:
 // type, channel, size, payload, frame-end).
 //
@@ -30,6 +36,10 @@ type frameSplitter struct {
 	buf        []byte         // buf[start:end] is read but not yet returned
 	start, end int            //
 	maxFrame   *atomic.Uint32 // negotiated frame_max (header+payload+end), 0 for none
+	// ahead is the buffer size that reads have earned: it doubles, up to
+	// readAhead, each time a read fills the buffer, so only a connection
+	// that streams pays for a large buffer.
+	ahead int
 
 	// raw and parser parse what next returns, reset onto each frame
 	// rather than allocated per frame: the drainer and legacy modes parse
@@ -121,13 +131,17 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	if s.start > 0 && s.start == s.end {
 		s.start, s.end = 0, 0
 	}
-	if len(s.buf)-s.start < need {
-		// Move the partial frame to the front, growing the buffer only when
-		// the frame itself is larger than it: memory stays bounded by the
-		// largest frame the peer was allowed to send.
+	size := need
+	if s.ahead > size {
+		size = s.ahead
+	}
+	if len(s.buf) < size || len(s.buf)-s.start < need {
+		// Move the partial frame to the front, growing the buffer only up
+		// to the read-ahead or the frame itself: memory stays bounded by
+		// that or the largest frame the peer was allowed to send.
 		buf := s.buf
-		if len(buf) < need {
-			buf = make([]byte, need)
+		if len(buf) < size {
+			buf = make([]byte, size)
 		}
 		s.end = copy(buf, s.buf[s.start:s.end])
 		s.start = 0
@@ -138,5 +152,22 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	}
 	n, err := r.Read(s.buf[s.end:])
 	s.end += n
+	if s.end == len(s.buf) && len(s.buf) < readAhead {
+		// The read filled the buffer, so more is probably waiting: read
+		// more at a time from now on, up to readAhead (and the frame
+		// maximum). One read per few frames, and in legacy mode one
+		// DrainEvents turn per few frames, costs more than the frames;
+		// a connection that never streams keeps its small buffer.
+		ahead := 2 * len(s.buf)
+		if ahead > readAhead {
+			ahead = readAhead
+		}
+		if limit := s.limit(); ahead > limit {
+			ahead = limit
+		}
+		if ahead > s.ahead {
+			s.ahead = ahead
+		}
+	}
 	return n, err
 }

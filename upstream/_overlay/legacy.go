@@ -6,6 +6,7 @@ package amqp091
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -102,6 +103,7 @@ type legacyGen struct {
 	conn     io.ReadWriteCloser
 	rpc      chan message
 	split    *frameSplitter
+	content  contentReader // the turn holder's content assembly
 	stateM   sync.Mutex    // guards interval to opened, never held across I/O
 	interval time.Duration // heartbeat send interval, 0 for none
 	lastSent time.Time     // last write to the socket
@@ -236,6 +238,21 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 // dispatchBuffered dispatches raw and every other complete frame buffered.
 func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 	for raw != nil {
+		if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
+			if err := l.dispatchChannel(g, channel, raw); err != nil {
+				l.fail(g, err)
+				return l.waitErr(&g.genEnd)
+			}
+			if g.isDead() {
+				return nil // teardown ran
+			}
+			var err error
+			if raw, err = g.split.next(); err != nil {
+				l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+				return l.waitErr(&g.genEnd)
+			}
+			continue
+		}
 		f, err := g.split.parse(raw)
 		if err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
@@ -255,6 +272,45 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 		if raw, err = g.split.next(); err != nil {
 			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
 			return l.waitErr(&g.genEnd)
+		}
+	}
+	return nil
+}
+
+// dispatchChannel is upstream's dispatchN for one frame of channel id ≠ 0,
+// with content assembled by the fast path (fastread.go) instead of the
+// channel's state machine, which then only ever sees methods that start no
+// content, and so stays in its recvMethod state. A complete message is
+// dispatched as upstream's state machine would dispatch it.
+func (l *legacyConn) dispatchChannel(g *legacyGen, id uint16, raw []byte) *Error {
+	cr := &g.content
+	cf, err := cr.decode(g.split, raw)
+	if err != nil {
+		return &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
+	}
+	c := l.c
+	c.m.Lock()
+	ch, ok := c.channels[id]
+	if ok && cf.f != nil {
+		updateChannel(cf.f, ch)
+	} else if !ok {
+		Logger.Printf("[debug] dropping frame, channel %d does not exist", id)
+	}
+	c.m.Unlock()
+	if !ok {
+		c.dispatchClosed(cf.upstreamFrame(g.split, raw))
+		return nil
+	}
+	a := cr.asm(id, ch)
+	complete, method := cr.feed(a, &cf, c.maxFrameSize.Load())
+	switch {
+	case method != nil:
+		ch.recv(ch, method)
+	case complete:
+		if del, msg := a.complete(); del != nil {
+			ch.consumers.send(del.ConsumerTag, del)
+		} else {
+			ch.dispatch(msg)
 		}
 	}
 	return nil

@@ -36,3 +36,13 @@ func DrainEvents(ctx context.Context, conn *amqp.Connection) error {
 
 // ReadMode reports the read mode conn runs in.
 func ReadMode(conn *amqp.Connection) string { return conn.ReadMode() }
+
+// Pooled reports whether ConsumeFunc recycles bodies in this build.
+const Pooled = true
+
+// ConsumeFunc consumes queue through amqp.Channel.ConsumeFunc, whose
+// bodies come from a pool and are valid only inside handler, until ctx
+// ends or the consumption fails.
+func ConsumeFunc(ctx context.Context, ch *amqp.Channel, queue string, autoAck bool, handler func(*amqp.Delivery) error) error {
+	return ch.ConsumeFunc(ctx, queue, amqp.ConsumeFuncOptions{AutoAck: autoAck}, handler)
+}

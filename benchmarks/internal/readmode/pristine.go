@@ -4,6 +4,7 @@ package readmode
 
 import (
 	"context"
+	"fmt"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -36,3 +37,35 @@ func DrainEvents(ctx context.Context, conn *amqp.Connection) error {
 
 // ReadMode reports the read mode conn runs in.
 func ReadMode(*amqp.Connection) string { return Upstream }
+
+// Pooled reports whether ConsumeFunc recycles bodies in this build.
+const Pooled = false
+
+// ConsumeFunc stands in for the patched build's pooled consumption with
+// what pristine upstream offers: a Consume chan, each delivery handed to
+// handler, bodies never recycled. It returns when ctx ends (after
+// cancelling the consumer) or the deliveries end.
+func ConsumeFunc(ctx context.Context, ch *amqp.Channel, queue string, autoAck bool, handler func(*amqp.Delivery) error) error {
+	tag := fmt.Sprintf("readmode-%p", ch)
+	deliveries, err := ch.Consume(queue, tag, autoAck, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return amqp.ErrClosed
+			}
+			if err := handler(&d); err != nil {
+				return err
+			}
+		case <-ctx.Done():
+			_ = ch.Cancel(tag, false)
+			for d := range deliveries {
+				_ = handler(&d)
+			}
+			return ctx.Err()
+		}
+	}
+}
