@@ -51,10 +51,7 @@ func init() {
 				{Label: "drainer / pristine allocs/msg", Metric: "allocs_per_msg", Num: "drainer", Den: "pristine"},
 				{Label: "legacy / pristine B/msg", Metric: "bytes_per_msg", Num: "legacy", Den: "pristine"},
 			},
-			Targets: []Target{
-				atMostRatio("regression guard: drainer B/msg at most 1.05× pristine upstream's",
-					Ratio{Metric: "bytes_per_msg", Num: "drainer", Den: "pristine"}, 1.05),
-			},
+			Targets: allocationTargets(),
 			Reference: "Upstream amqp091-go v1.16.0 on this machine (baseline D): publish + consume 56.5 allocs " +
 				"and 2,057 / 3,064 / 10,232 / 34,808 B per message at 4 B / 512 B / 4 KiB / 16 KiB (the body is " +
 				"copied twice on receive), 38k / 33k / 21k / 15k msg/s; publish only 27 allocs, 904 B per " +
@@ -63,6 +60,36 @@ func init() {
 				"512 B 556 / 238 MB, 4 KB 1.96 GB / 411 MB, 16 KB 7.14 GB / 1.00 GB.",
 		},
 	})
+}
+
+// allocationTargets are issue #8's goals, for the two modes it covers.
+// Publish: at most 3 allocations and 96 B per message. Publish + consume:
+// at most 12 allocations, and at most 1,000 / 4,700 / 17,200 B per message
+// at 512 B / 4 KiB / 16 KiB. Pooled consumption (ConsumeFunc): at least
+// 57% / 79% / 86% fewer bytes than pristine upstream at those sizes,
+// pristine's own "pooled" run being a plain Consume chan.
+func allocationTargets() []Target {
+	var ts []Target
+	for _, mode := range []string{"drainer", "legacy"} {
+		ts = append(ts,
+			AtMost(mode+" allocs/msg at most 3", mode, "allocs_per_msg", 3, "allocs").ForCases("pubonly size=4"),
+			AtMost(mode+" B/msg at most 96", mode, "bytes_per_msg", 96, "B").ForCases("pubonly size=4"),
+			AtMost(mode+" allocs/msg at most 12", mode, "allocs_per_msg", 12, "allocs").ForCases(
+				"pubsub size=4", "pubsub size=512", "pubsub size=4096", "pubsub size=16384"))
+		for _, size := range []struct {
+			bytes int
+			limit float64
+			fewer float64 // fraction of pristine's bytes saved by pooling
+		}{{512, 1000, 0.57}, {4096, 4700, 0.79}, {16384, 17200, 0.86}} {
+			ts = append(ts,
+				AtMost(fmt.Sprintf("%s B/msg at most %s", mode, FormatNumber(size.limit, 0)), mode, "bytes_per_msg",
+					size.limit, "B").ForCases(fmt.Sprintf("pubsub size=%d", size.bytes)),
+				atMostRatio(fmt.Sprintf("%s with ConsumeFunc: at least %.0f%% fewer B/msg than pristine", mode, 100*size.fewer),
+					Ratio{Metric: "bytes_per_msg", Num: mode, Den: "pristine"}, 1-size.fewer).
+					ForCases(fmt.Sprintf("pubsub-pooled size=%d", size.bytes)))
+		}
+	}
+	return ts
 }
 
 // allocBatch is the reference's batch size.

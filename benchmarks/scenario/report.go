@@ -52,6 +52,20 @@ type Ratio struct {
 type Target struct {
 	Text  string
 	Check func(a Agg) (measured string, ok bool)
+	// Cases, when set, are the only cases the target judges: an issue's
+	// goal may differ by payload size.
+	Cases []string
+}
+
+// AppliesTo reports whether t judges the case named c.
+func (t Target) AppliesTo(c string) bool {
+	return len(t.Cases) == 0 || slices.Contains(t.Cases, c)
+}
+
+// ForCases returns t restricted to the named cases.
+func (t Target) ForCases(cases ...string) Target {
+	t.Cases = cases
+	return t
 }
 
 // A Stat is a metric over the repetitions of one variant.

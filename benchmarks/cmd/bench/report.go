@@ -53,6 +53,9 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 	for _, sr := range s.Scenarios {
 		for _, cr := range sr.Cases {
 			for _, t := range sr.spec.Report.Targets {
+				if !t.AppliesTo(cr.Case) {
+					continue
+				}
 				got, ok := t.Check(cr.Agg)
 				w("| %s | %s | %s | %s | %s |\n", sr.Name, orDash(cr.Case), t.Text, got, mark(ok))
 			}
@@ -97,6 +100,9 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 				}
 			}
 			for _, t := range rep.Targets {
+				if !t.AppliesTo(cr.Case) {
+					continue
+				}
 				got, ok := t.Check(cr.Agg)
 				w("- target, %s: %s, **%s**\n", t.Text, got, map[bool]string{true: "met", false: "not met"}[ok])
 			}
