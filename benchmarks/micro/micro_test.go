@@ -135,6 +135,43 @@ func BenchmarkPublishConfirm(b *testing.B) {
 	})
 }
 
+// serveDeliveries has p answer channel.open and basic.consume, encode a
+// basic.deliver with a payload of size once, close encoded, and, once
+// release is closed, write it n times in chunks of many deliveries through
+// SendSlices, which writes them as they are and so allocates nothing while
+// the benchmark is timed.
+func serveDeliveries(p *fakepeer.Peer, n, size int) (encoded, release chan struct{}) {
+	encoded, release = make(chan struct{}), make(chan struct{})
+	p.Serve(func(s *fakepeer.Session) error {
+		ch, err := s.AnswerChannelOpen()
+		if err != nil {
+			return err
+		}
+		tag, err := s.AnswerConsume(ch)
+		if err != nil {
+			return err
+		}
+		one := fakepeer.BasicDeliver(ch, tag, 1, false, "", "bench",
+			bytes.Repeat([]byte{'x'}, size), s.FrameMax())
+		per := min(n, max(1, (256<<10)/len(one)))
+		chunk := bytes.Repeat(one, per)
+		close(encoded)
+		select {
+		case <-release:
+		case <-s.Done():
+			return nil
+		}
+		for sent := 0; sent < n; sent += per {
+			k := min(per, n-sent) * len(one)
+			if err := s.SendSlices(chunk[:k], k, 0); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return encoded, release
+}
+
 // BenchmarkDeliver measures one delivery of a payload of the given size to
 // an autoAck consumer: frame reading and decoding, dispatch in the mode
 // (through a DrainEvents loop in legacy mode, whose own allocations count),
@@ -146,34 +183,7 @@ func BenchmarkDeliver(b *testing.B) {
 	forEach(b, func(b *testing.B, mode string, size int) {
 		n := b.N
 		p := fakepeer.Listen(b)
-		encoded, release := make(chan struct{}), make(chan struct{})
-		p.Serve(func(s *fakepeer.Session) error {
-			ch, err := s.AnswerChannelOpen()
-			if err != nil {
-				return err
-			}
-			tag, err := s.AnswerConsume(ch)
-			if err != nil {
-				return err
-			}
-			one := fakepeer.BasicDeliver(ch, tag, 1, false, "", "bench",
-				bytes.Repeat([]byte{'x'}, size), s.FrameMax())
-			per := min(n, max(1, (256<<10)/len(one)))
-			chunk := bytes.Repeat(one, per)
-			close(encoded)
-			select {
-			case <-release:
-			case <-s.Done():
-				return nil
-			}
-			for sent := 0; sent < n; sent += per {
-				k := min(per, n-sent) * len(one)
-				if err := s.SendSlices(chunk[:k], k, 0); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		encoded, release := serveDeliveries(p, n, size)
 		conn := dial(b, p, mode, nil)
 		ch, err := conn.Channel()
 		if err != nil {

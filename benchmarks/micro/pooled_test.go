@@ -3,7 +3,6 @@
 package micro
 
 import (
-	"bytes"
 	"context"
 	"testing"
 	"time"
@@ -23,34 +22,7 @@ func BenchmarkDeliverPooled(b *testing.B) {
 	forEach(b, func(b *testing.B, mode string, size int) {
 		n := b.N
 		p := fakepeer.Listen(b)
-		encoded, release := make(chan struct{}), make(chan struct{})
-		p.Serve(func(s *fakepeer.Session) error {
-			ch, err := s.AnswerChannelOpen()
-			if err != nil {
-				return err
-			}
-			tag, err := s.AnswerConsume(ch)
-			if err != nil {
-				return err
-			}
-			one := fakepeer.BasicDeliver(ch, tag, 1, false, "", "bench",
-				bytes.Repeat([]byte{'x'}, size), s.FrameMax())
-			per := min(n, max(1, (256<<10)/len(one)))
-			chunk := bytes.Repeat(one, per)
-			close(encoded)
-			select {
-			case <-release:
-			case <-s.Done():
-				return nil
-			}
-			for sent := 0; sent < n; sent += per {
-				k := min(per, n-sent) * len(one)
-				if err := s.SendSlices(chunk[:k], k, 0); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
+		encoded, release := serveDeliveries(p, n, size)
 		conn := dial(b, p, mode, nil)
 		ch, err := conn.Channel()
 		if err != nil {
