@@ -677,33 +677,43 @@ func TestPublishClosedReturnsErrClosed(t *testing.T) {
 	}
 }
 
+// openRecordedChannel opens a connection in read path rp over a recorded
+// session whose server answers the handshake and one channel.open, and
+// returns the connection, the channel, the recorder and the connection's
+// NotifyClose chan.
+func openRecordedChannel(t *testing.T, rp ReadPath) (*Connection, *Channel, *recordingRWC, chan *Error) {
+	t.Helper()
+	rwc, srv := newSession(t)
+	rec := &recordingRWC{ReadWriteCloser: rwc}
+	t.Cleanup(func() { rec.Close() })
+	go func() {
+		srv.connectionOpen()
+		srv.channelOpen(1)
+	}()
+
+	cfg := defaultConfig()
+	cfg.ReadPath = rp
+	c, err := Open(rec, cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	closed := c.NotifyClose(make(chan *Error, 1))
+	ch, err := c.Channel()
+	if err != nil {
+		t.Fatalf("Channel: %v", err)
+	}
+	return c, ch, rec, closed
+}
+
 // TestPublishWriteErrorShutsDown: a publish whose socket write fails
 // returns the error and fails the connection, as upstream's does.
 func TestPublishWriteErrorShutsDown(t *testing.T) {
 	for _, rp := range fastPathModes {
 		t.Run(rp.Mode(), func(t *testing.T) {
-			rwc, srv := newSession(t)
-			rec := &recordingRWC{ReadWriteCloser: rwc}
-			t.Cleanup(func() { rec.Close() })
-			go func() {
-				srv.connectionOpen()
-				srv.channelOpen(1)
-			}()
-
-			cfg := defaultConfig()
-			cfg.ReadPath = rp
-			c, err := Open(rec, cfg)
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			closed := c.NotifyClose(make(chan *Error, 1))
-			ch, err := c.Channel()
-			if err != nil {
-				t.Fatalf("Channel: %v", err)
-			}
+			c, ch, rec, closed := openRecordedChannel(t, rp)
 			broken := errors.New("socket broken")
 			rec.set(false, broken)
-			err = ch.PublishWithContext(context.Background(), "", "q", false, false, Publishing{Body: []byte("x")})
+			err := ch.PublishWithContext(context.Background(), "", "q", false, false, Publishing{Body: []byte("x")})
 			if err == nil || !strings.Contains(err.Error(), broken.Error()) {
 				t.Fatalf("publish on a broken socket: %v; want %v", err, broken)
 			}
@@ -727,27 +737,9 @@ func TestPublishWriteErrorShutsDown(t *testing.T) {
 func TestPublishEncodingErrorShutsDown(t *testing.T) {
 	for _, rp := range fastPathModes {
 		t.Run(rp.Mode(), func(t *testing.T) {
-			rwc, srv := newSession(t)
-			rec := &recordingRWC{ReadWriteCloser: rwc}
-			t.Cleanup(func() { rec.Close() })
-			go func() {
-				srv.connectionOpen()
-				srv.channelOpen(1)
-			}()
-
-			cfg := defaultConfig()
-			cfg.ReadPath = rp
-			c, err := Open(rec, cfg)
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			closed := c.NotifyClose(make(chan *Error, 1))
-			ch, err := c.Channel()
-			if err != nil {
-				t.Fatalf("Channel: %v", err)
-			}
+			_, ch, rec, closed := openRecordedChannel(t, rp)
 			rec.set(true, nil)
-			err = ch.PublishWithContext(context.Background(), strings.Repeat("e", 256), "q", false, false, Publishing{})
+			err := ch.PublishWithContext(context.Background(), strings.Repeat("e", 256), "q", false, false, Publishing{})
 			if err == nil || !strings.Contains(err.Error(), "exceeds 255 bytes") {
 				t.Fatalf("publish to a 256-byte exchange: %v", err)
 			}
