@@ -56,10 +56,7 @@ func TestConsumeFuncPoisonsRecycledBodies(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.Channel(t, conn)
 	q := pooledQueue(t, ch, n, size)
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -99,10 +96,7 @@ func TestConsumeFuncHandlerErrorRequeues(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.Channel(t, conn)
 	q := pooledQueue(t, ch, n, size)
 	stop := errors.New("stop")
 
@@ -154,10 +148,7 @@ func TestConsumeFuncEndsWithTheConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.Channel(t, conn)
 	q := pooledQueue(t, ch, 1, 64)
 	handled := make(chan struct{}, 1)
 	done := make(chan error, 1)
@@ -193,10 +184,7 @@ func TestMessageLargerThanTheBudgetArrives(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.Channel(t, conn)
 	q := pooledQueue(t, ch, 1, size)
 	deliveries, err := ch.Consume(q, "", true, false, false, false, nil)
 	if err != nil {

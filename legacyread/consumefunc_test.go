@@ -24,10 +24,7 @@ func TestConsumeFuncInLegacyMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := testenv.Channel(t, conn)
 	q, err := ch.QueueDeclare("", false, false, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
