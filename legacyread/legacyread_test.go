@@ -453,3 +453,32 @@ func TestSilenceWhileNobodyReadsIsNotAHeartbeatTimeout(t *testing.T) {
 		t.Fatalf("QueueDeclare after an idle period: %v", err)
 	}
 }
+
+// TestCancelEndsABlockedDrain: cancelling a DrainEvents ctx that has no
+// deadline ends a read on a silent connection, whether the cancellation
+// comes while the read has not yet hooked it (its first millisecond) or
+// after. Either way DrainEvents returns context.Canceled well inside the
+// bound; the phases only vary which path the read takes.
+func TestCancelEndsABlockedDrain(t *testing.T) {
+	peer := fakepeer.Listen(t)
+	peer.Serve(func(s *fakepeer.Session) error {
+		<-s.Done()
+		return nil
+	})
+	conn := dial(t, peer.URL(), amqp.Config{})
+	for _, after := range []time.Duration{0, 200 * time.Microsecond, 50 * time.Millisecond} {
+		ctx, cancel := context.WithCancel(context.Background())
+		timer := time.AfterFunc(after, cancel)
+		start := time.Now()
+		err := conn.DrainEvents(ctx)
+		took := time.Since(start)
+		timer.Stop()
+		cancel()
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancel after %s: DrainEvents = %v, want context.Canceled", after, err)
+		}
+		if took > after+5*time.Second {
+			t.Fatalf("cancel after %s: DrainEvents returned after %s", after, took)
+		}
+	}
+}

@@ -123,12 +123,19 @@ func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx
 func (l *legacyConn) publishGate() *blockGate               { return &l.blocks }
 
 // opened: from now on every read sets its own deadline (before, the dial's
-// handshake deadline stands).
+// handshake deadline stands). The end of the handshake has just cleared the
+// socket's deadlines, and a drain loop may be in a read whose deadline went
+// with them (during recovery, say): interrupt it, and its retry sets its
+// deadline again. A read that is not in progress ignores the interruption,
+// because every read sets its own deadline first.
 func (l *legacyConn) opened() {
 	g := l.current()
 	g.stateM.Lock()
 	g.opened = true
 	g.stateM.Unlock()
+	if nc, ok := g.conn.(net.Conn); ok {
+		_ = nc.SetReadDeadline(time.Now())
+	}
 }
 
 func (l *legacyConn) current() *legacyGen {
@@ -382,10 +389,6 @@ func (l *legacyConn) notifyBlocks(f frame) bool {
 func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	nc, isNet := g.conn.(net.Conn)
 	var stop func() bool
-	if isNet && ctx.Done() != nil {
-		// Cancellation without a deadline interrupts the read too.
-		stop = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
-	}
 	// The transport lock is held across the read only where a deadline
 	// can end it: a transport without deadlines (io.Pipe in tests) would
 	// otherwise block every writer until the peer speaks, and the peer may
@@ -412,26 +415,57 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 			// deadline, which an earlier, shorter read may have replaced.
 			deadline = g.started.Add(defaultConnectionTimeout)
 		}
-		_ = nc.SetReadDeadline(deadline) // zero: no deadline
-		if l.isCalled() && !isCloser(ctx) {
-			// Close may have interrupted the read before this deadline
-			// replaced its own: interrupt it again.
-			_ = nc.SetReadDeadline(time.Now())
+		hooked := ctx.Done() == nil // nothing to hook: no cancellation
+		if !hooked && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {
+			// Most reads under load end within cancelHookDelay, and
+			// hooking ctx costs allocations per read (context.AfterFunc):
+			// read without the hook first, bounded by the delay.
+			l.setReadDeadline(ctx, nc, time.Now().Add(cancelHookDelay))
+			n, err := g.split.fill(g.conn)
+			if n > 0 || !errors.Is(err, errDeadline) || ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) {
+				l.transport.Unlock()
+				return l.readDone(ctx, g, interval, n, err)
+			}
 		}
+		if !hooked {
+			// Cancellation without a deadline interrupts the read too.
+			stop = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
+		}
+		l.setReadDeadline(ctx, nc, deadline) // zero: no deadline
 	}
 	n, err := g.split.fill(g.conn)
 	if isNet {
 		l.transport.Unlock()
 	}
+	if stop != nil {
+		stop()
+	}
+	return l.readDone(ctx, g, interval, n, err)
+}
+
+// cancelHookDelay is how long a legacy read waits before it hooks its
+// context's cancellation, and so the longest a cancellation (not a
+// deadline, which the socket enforces) can go unnoticed by a blocked read.
+const cancelHookDelay = time.Millisecond
+
+// setReadDeadline sets the read deadline, then interrupts the read at
+// once if ctx or Close ended it before the new deadline replaced theirs.
+// The caller holds the transport lock.
+func (l *legacyConn) setReadDeadline(ctx context.Context, nc net.Conn, deadline time.Time) {
+	_ = nc.SetReadDeadline(deadline)
+	if ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) {
+		_ = nc.SetReadDeadline(time.Now())
+	}
+}
+
+// readDone records a read's end and turns its error into readOnce's.
+func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.Duration, n int, err error) error {
 	g.stateM.Lock()
 	g.readEnd = time.Now()
 	if n > 0 {
 		g.lastRecv = g.readEnd
 	}
 	g.stateM.Unlock()
-	if stop != nil {
-		stop()
-	}
 	switch {
 	case err == nil:
 		return nil

@@ -96,6 +96,7 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 		tag = uniqueConsumerTag()
 	}
 	closed := ch.NotifyClose(make(chan *Error, 1))
+	defer ch.forgetClose(closed)
 	c := ch.connection
 	pooled := c != nil && c.rp != nil
 	if pooled {
@@ -153,6 +154,23 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 			return ctx.Err()
 		}
 	}
+}
+
+// forgetClose unregisters a NotifyClose listener that ConsumeFunc
+// registered, so that consumers started and ended one after another on a
+// long-lived channel do not pile up listeners (and a send to each at the
+// channel's close). Upstream has no way to unregister a listener; a
+// channel that has closed has already dropped them all.
+func (ch *Channel) forgetClose(c chan *Error) {
+	ch.notifyM.Lock()
+	defer ch.notifyM.Unlock()
+	kept := ch.closes[:0:0]
+	for _, l := range ch.closes {
+		if l != c {
+			kept = append(kept, l)
+		}
+	}
+	ch.closes = kept
 }
 
 // consumeEnded says why a consumer's deliveries ended: the channel's close
