@@ -111,6 +111,10 @@ type legacyGen struct {
 	readEnd  time.Time     // when the last read returned
 	opened   bool          // handshake done
 	started  time.Time     // when the generation's socket was handed over
+	// hookFirst: the last read that tried without a cancel hook waited
+	// out cancelHookDelay, so reads hook at once until one ends within
+	// it. Only the transport lock's holder touches it.
+	hookFirst bool
 
 	genEnd // how the generation ends
 }
@@ -416,7 +420,7 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 			deadline = g.started.Add(defaultConnectionTimeout)
 		}
 		hooked := ctx.Done() == nil // nothing to hook: no cancellation
-		if !hooked && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {
+		if !hooked && !g.hookFirst && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {
 			// Most reads under load end within cancelHookDelay, and
 			// hooking ctx costs allocations per read (context.AfterFunc):
 			// read without the hook first, bounded by the delay.
@@ -426,6 +430,9 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 				l.transport.Unlock()
 				return l.readDone(ctx, g, interval, n, err)
 			}
+			// Frames come slower than the delay (an idle connection, a
+			// trickle): trying first would cost a wake-up per read.
+			g.hookFirst = true
 		}
 		if !hooked {
 			// Cancellation without a deadline interrupts the read too.
@@ -433,8 +440,12 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 		}
 		l.setReadDeadline(ctx, nc, deadline) // zero: no deadline
 	}
+	begin := time.Now()
 	n, err := g.split.fill(g.conn)
 	if isNet {
+		if n > 0 && time.Since(begin) < cancelHookDelay {
+			g.hookFirst = false // frames come fast again
+		}
 		l.transport.Unlock()
 	}
 	if stop != nil {
@@ -446,6 +457,8 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 // cancelHookDelay is how long a legacy read waits before it hooks its
 // context's cancellation, and so the longest a cancellation (not a
 // deadline, which the socket enforces) can go unnoticed by a blocked read.
+// Once a read has waited that long, later reads hook at once (no extra
+// wake-up while frames come slowly) until one ends within the delay.
 const cancelHookDelay = time.Millisecond
 
 // setReadDeadline sets the read deadline, then interrupts the read at

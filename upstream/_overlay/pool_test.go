@@ -16,32 +16,24 @@ import (
 // NotifyClose listener on its channel for as long as it runs, and removes
 // it when it returns, so that consumptions one after another on a
 // long-lived channel do not pile listeners up. It runs in whatever read mode
-// the suite forces; in pure legacy mode a goroutine drains.
+// the suite forces.
 func TestConsumeFuncForgetsItsCloseListener(t *testing.T) {
 	const queue = "test.consumefunc.forgets-close-listener"
 	conn, ch := integrationQueue(t, queue)
 	if conn == nil {
 		t.Fatal("no broker")
 	}
-	defer conn.Close()
-	if conn.ReadMode() == "legacy" {
-		stop := make(chan struct{})
+	if l, ok := conn.rp.(*legacyConn); ok {
+		// Pure legacy mode: deliveries need a drain loop, which ends
+		// when the connection is closed.
 		drained := make(chan struct{})
-		defer func() { close(stop); <-drained }()
 		go func() {
 			defer close(drained)
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-				_ = conn.DrainEvents(ctx)
-				cancel()
-			}
+			autoDrain(conn, l)
 		}()
+		defer func() { <-drained }()
 	}
+	defer conn.Close()
 	listeners := func() int {
 		ch.notifyM.RLock()
 		defer ch.notifyM.RUnlock()
