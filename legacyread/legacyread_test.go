@@ -172,11 +172,7 @@ func TestDrainEventsKeepsPartialFrames(t *testing.T) {
 	peer := fakepeer.Listen(t)
 	release := make(chan struct{})
 	peer.Serve(func(s *fakepeer.Session) error {
-		ch, err := s.AnswerChannelOpen()
-		if err != nil {
-			return err
-		}
-		tag, err := s.AnswerConsume(ch)
+		ch, tag, err := s.AnswerChannelAndConsume()
 		if err != nil {
 			return err
 		}

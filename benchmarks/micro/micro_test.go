@@ -143,11 +143,7 @@ func BenchmarkPublishConfirm(b *testing.B) {
 func serveDeliveries(p *fakepeer.Peer, n, size int) (encoded, release chan struct{}) {
 	encoded, release = make(chan struct{}), make(chan struct{})
 	p.Serve(func(s *fakepeer.Session) error {
-		ch, err := s.AnswerChannelOpen()
-		if err != nil {
-			return err
-		}
-		tag, err := s.AnswerConsume(ch)
+		ch, tag, err := s.AnswerChannelAndConsume()
 		if err != nil {
 			return err
 		}

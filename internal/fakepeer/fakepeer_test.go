@@ -126,11 +126,7 @@ func TestFragmentedDelivery(t *testing.T) {
 	body := []byte("a body long enough to span many seven-octet slices of the wire")
 	p := fakepeer.Listen(t)
 	p.Serve(func(s *fakepeer.Session) error {
-		ch, err := s.AnswerChannelOpen()
-		if err != nil {
-			return err
-		}
-		tag, err := s.AnswerConsume(ch)
+		ch, tag, err := s.AnswerChannelAndConsume()
 		if err != nil {
 			return err
 		}
@@ -160,11 +156,7 @@ func TestDeliverySplitAtFrameMax(t *testing.T) {
 	body := bytes.Repeat([]byte("0123456789"), 1000) // 10000 octets
 	p := fakepeer.Listen(t, fakepeer.WithFrameMax(4096))
 	p.Serve(func(s *fakepeer.Session) error {
-		ch, err := s.AnswerChannelOpen()
-		if err != nil {
-			return err
-		}
-		tag, err := s.AnswerConsume(ch)
+		ch, tag, err := s.AnswerChannelAndConsume()
 		if err != nil {
 			return err
 		}

@@ -249,6 +249,18 @@ func (s *Session) AnswerConsume(channel uint16) (string, error) {
 	return tag, s.Send(BasicConsumeOk(channel, tag))
 }
 
+// AnswerChannelAndConsume answers channel.open, then basic.consume on that
+// channel: a consumer's setup, as Channel then Consume send it. It returns
+// the channel and the consumer tag, which deliveries must carry.
+func (s *Session) AnswerChannelAndConsume() (uint16, string, error) {
+	ch, err := s.AnswerChannelOpen()
+	if err != nil {
+		return 0, "", err
+	}
+	tag, err := s.AnswerConsume(ch)
+	return ch, tag, err
+}
+
 // AnswerClose answers the client's orderly shutdown: it reads frames,
 // answering channel.close with channel.close-ok, until connection.close,
 // which it answers with connection.close-ok. It discards every other frame

@@ -440,11 +440,14 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 		}
 		l.setReadDeadline(ctx, nc, deadline) // zero: no deadline
 	}
-	begin := time.Now()
+	var begin time.Time
+	if g.hookFirst {
+		begin = time.Now() // only to see whether frames come fast again
+	}
 	n, err := g.split.fill(g.conn)
 	if isNet {
-		if n > 0 && time.Since(begin) < cancelHookDelay {
-			g.hookFirst = false // frames come fast again
+		if g.hookFirst && n > 0 && time.Since(begin) < cancelHookDelay {
+			g.hookFirst = false
 		}
 		l.transport.Unlock()
 	}

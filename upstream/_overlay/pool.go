@@ -164,7 +164,7 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 func (ch *Channel) forgetClose(c chan *Error) {
 	ch.notifyM.Lock()
 	defer ch.notifyM.Unlock()
-	kept := ch.closes[:0:0]
+	kept := make([]chan *Error, 0, len(ch.closes))
 	for _, l := range ch.closes {
 		if l != c {
 			kept = append(kept, l)
