@@ -55,5 +55,7 @@
 // The package runs under a plain go test ./... (it only declares its own
 // exclusive queues and does not disturb the shared broker), at the default
 // sizes: thousands of batches and iterations per mode. -short shrinks
-// them; AMQP091_RELIABILITY=full (make reliability) grows them.
+// them, and so does scripts/reliability short (make test runs the package
+// at the default sizes in its go test ./... first);
+// AMQP091_RELIABILITY=full (make reliability) grows them.
 package listenerorder

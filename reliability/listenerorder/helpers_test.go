@@ -29,9 +29,10 @@ const (
 	runBound = 2 * time.Minute
 )
 
-// size picks a test's size: small under -short, large at
-// AMQP091_RELIABILITY=full, and def otherwise (a plain go test, and
-// scripts/reliability short).
+// size picks a test's size: def under a plain go test; small under
+// -short and under scripts/reliability short (make test has run the
+// package at def sizes already, in its go test ./...); large at
+// AMQP091_RELIABILITY=full (make reliability).
 func size(t *testing.T, short, def, full int) int {
 	t.Helper()
 	l, err := level.Get()
@@ -39,7 +40,7 @@ func size(t *testing.T, short, def, full int) int {
 		t.Fatal(err)
 	}
 	switch {
-	case testing.Short():
+	case testing.Short(), l == level.Short:
 		return short
 	case l == level.Full:
 		return full
