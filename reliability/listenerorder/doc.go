@@ -40,6 +40,9 @@
 //     and blocked/unblocked, then connection.close; every one of them is
 //     received before the connection's and the channel's NotifyClose get
 //     the error.
+//   - TestRPCReplyBeforeConnectionCloseFakePeer (fake peer): an RPC's
+//     reply and connection.close in one write; the caller gets the reply,
+//     as upstream's reader hands it over before it reads the close.
 //   - TestUnreadListenerStallsNobody (drainer only): with channel A's
 //     NotifyReturn listener unread, channel B's RPCs and publish-and-confirm
 //     round trips still complete promptly, and A's returns all arrive, in

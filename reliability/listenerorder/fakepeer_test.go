@@ -403,3 +403,44 @@ func connectionCloseAfterNotifications(t *testing.T, mode compat.Mode, n int) (v
 	}
 	return ""
 }
+
+// TestRPCReplyBeforeConnectionCloseFakePeer: the peer sends an RPC's reply
+// and connection.close in one write. The reply came first, so the caller
+// gets it, as upstream's reader hands it over before it reads the close;
+// the close only reaches NotifyClose.
+func TestRPCReplyBeforeConnectionCloseFakePeer(t *testing.T) {
+	rounds := size(t, 10, 50, 200)
+	for _, mode := range modes {
+		t.Run(mode.String(), func(t *testing.T) {
+			verifyNoLeaks(t)
+			var violations examples
+			for r := 0; r < rounds; r++ {
+				peer := fakepeer.Listen(t)
+				peer.Serve(func(s *fakepeer.Session) error {
+					ch, err := s.AnswerChannelOpen()
+					if err != nil {
+						return err
+					}
+					if err := readUntilDeclare(s, ch); err != nil {
+						return err
+					}
+					return s.Send(fakepeer.QueueDeclareOk(ch, "ready", 0, 0),
+						fakepeer.ConnectionClose(320, "CONNECTION_FORCED - listenerorder", 0, 0))
+				})
+				conn := dial(t, peer.URL(), mode)
+				ch, err := conn.Channel()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := ch.QueueDeclare("ready", false, false, true, false, nil); err != nil {
+					violations.add("round %d: the declare whose reply preceded connection.close returned %v", r, err)
+				}
+			}
+			t.Logf("%v: %d RPC replies followed at once by connection.close; callers that got the close instead: %d", mode, rounds, violations.n)
+			if violations.n > 0 {
+				t.Errorf("%v: %d of %d RPCs got the connection's close although their reply came before it; violations: %v",
+					mode, violations.n, rounds, &violations)
+			}
+		})
+	}
+}
