@@ -131,7 +131,6 @@ func closeAfterReturns(t *testing.T, mode compat.Mode, rounds, n int) {
 			got      int
 			closeErr *amqp.Error
 			closedAt = -1 // returns received when the close error came
-			order    []string
 		)
 		for returns != nil || closes != nil {
 			select {
@@ -144,14 +143,12 @@ func closeAfterReturns(t *testing.T, mode compat.Mode, rounds, n int) {
 					violations.add("round %d: return %d is message %q", r, got, ret.MessageId)
 				}
 				got++
-				order = append(order, "return")
 			case err, ok := <-closes:
 				if !ok {
 					closes = nil
 					continue
 				}
 				closeErr, closedAt = err, got
-				order = append(order, "close")
 			case <-ctx.Done():
 				t.Fatalf("round %d: listeners not closed within %v: %d returns, close error %v", r, runBound, got, closeErr)
 			}
