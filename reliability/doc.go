@@ -16,9 +16,15 @@
 //     by a fake peer (go test -fuzz).
 //   - soak: a bounded soak in drainer mode (make soak) that reports heap and
 //     goroutine counts over time.
+//   - listenerorder: for one channel, notifications reach their listeners
+//     in frame order across listeners (a return before its ack, a cancel
+//     before the deliveries chan closes, flows, blocks), and a close only
+//     after everything that came before it, as upstream's reader hands
+//     them over (issue #16).
 //
-// A plain go test ./... skips them: they load the shared broker, and the
-// memory alarm blocks every publisher on it. scripts/reliability runs them
+// A plain go test ./... skips them (but listenerorder, which declares only
+// its own exclusive queues and runs there at its default sizes): they load
+// the shared broker, and the memory alarm blocks every publisher on it. scripts/reliability runs them
 // one package at a time, short (make test) or full (make reliability); see
 // package level.
 package reliability

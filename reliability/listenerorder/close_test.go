@@ -205,11 +205,9 @@ func unreadListenerStallsNobody(t *testing.T, mode compat.Mode) {
 			t.Fatal(err)
 		}
 	}
-	// The reply comes after the n returns on the same channel: once it is
-	// in, they have all been read, and wait for the unread listener.
-	if _, err := a.QueueDeclarePassive(q, false, true, true, false, nil); err != nil {
-		t.Fatalf("channel A's RPC behind its unread listener: %v", err)
-	}
+	// No RPC on channel A to make sure its returns are in: the fix for
+	// issue #16 may well hold A's later frames behind A's unread listener,
+	// as upstream does. The returns come back while B works below.
 	if err := b.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
