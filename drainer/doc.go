@@ -10,20 +10,38 @@
 //     once the previous one has exited. Close stops it.
 //  2. It never blocks on user code. Notifications (NotifyPublish,
 //     NotifyReturn, NotifyFlow, NotifyCancel, NotifyBlocked) are queued per
-//     listener, in order, and delivered by a short-lived goroutine; none is
-//     dropped while the listener is open (upstream drops one after 5 s).
-//     Replies that need a network write (close-ok, flow-ok, cancel-ok) are
-//     written by the channel's dispatcher, never by the drainer.
-//  3. Bounded memory. What waits for users (queued frames, notifications,
+//     channel (and for the connection), and delivered by a short-lived
+//     goroutine, or by the dispatcher itself when every listener has room;
+//     none is dropped while the listener is open (upstream drops one after
+//     5 s). Replies that need a network write (close-ok, flow-ok,
+//     cancel-ok) are written by the channel's dispatcher, never by the
+//     drainer.
+//  3. Upstream's order between listeners. The notifications of one channel
+//     reach their listeners in the order their frames arrived, across
+//     listeners, as upstream's reader hands each over before it reads the
+//     next frame: a listener is never handed notification n+1 of its
+//     channel before notification n was handed to its own listener. So a
+//     basic.return is in the NotifyReturn chan before the basic.ack of the
+//     same message reaches NotifyPublish or settles its
+//     DeferredConfirmation; NotifyCancel holds the consumer tag before the
+//     deliveries chan closes; and NotifyClose gets a channel's or the
+//     connection's close, and the listener chans close, only after
+//     everything before it was handed over. An unread listener therefore
+//     holds back its own channel's later notifications, counted by the
+//     budget, and nothing else: the drainer reads on, other channels go on,
+//     and RPC replies, which are not notifications, reach their callers at
+//     once. A close waits for an unread listener Options.CloseTimeout at
+//     most; then what it held is dropped.
+//  4. Bounded memory. What waits for users (queued frames, notifications,
 //     deliveries not yet received from a Consume chan) counts against a
 //     budget (Options.Budget, 64 MiB by default); over it the drainer stops
 //     reading the socket, which is TCP backpressure, and resumes below half
 //     of it, still sending heartbeats while paused.
-//  4. Frames. It reads whatever is available into its own buffer and
+//  5. Frames. It reads whatever is available into its own buffer and
 //     dispatches complete frames only; a read deadline in the middle of a
 //     frame keeps the partial bytes. An oversized or malformed frame closes
 //     the connection with a FrameError (501) that says what was wrong.
-//  5. Heartbeats in the same loop. Read deadlines double as the timer; a
+//  6. Heartbeats in the same loop. Read deadlines double as the timer; a
 //     heartbeat goes out only when nothing else was written in the
 //     interval, and never by waiting for the write lock. The duty rides on
 //     the wake-up of an arriving frame once half an interval has passed,
@@ -31,18 +49,19 @@
 //     heartbeat), so an idle connection wakes once per broker heartbeat,
 //     not twice. A broker silent for 1.5 × the negotiated heartbeat is
 //     declared dead.
-//  6. All waiters are released together, each with the same *amqp.Error:
+//  7. All waiters are released together, each with the same *amqp.Error:
 //     RPC callers on every channel, DrainEvents callers, DeferredConfirmation
 //     waiters (nacked), consumers (their chans close) and NotifyClose
-//     listeners.
-//  7. Intentional close. Waiters blocked when Close is called get
+//     listeners. An RPC whose reply arrived before the end gets its reply,
+//     as upstream's caller does.
+//  8. Intentional close. Waiters blocked when Close is called get
 //     amqp.ErrClosedIntentionally: errors.Is(err, amqp.ErrClosed) holds,
 //     and it is not Recoverable, so recovery does not redial.
-//  8. Bounded close. If the broker does not answer close-ok within
+//  9. Bounded close. If the broker does not answer close-ok within
 //     Options.CloseTimeout (5 s by default), the socket is closed, which
 //     also frees a publisher blocked in a write.
 //
-// Two consequences to know:
+// Consequences to know:
 //
 //   - Backpressure is per connection. When a consumer stops reading and the
 //     budget fills, the drainer stops reading the whole socket, so replies

@@ -280,7 +280,7 @@ func TestBlackholeIsDetected(t *testing.T) {
 // connection costs exactly one, which both reads and sends heartbeats.
 func TestOneGoroutinePerIdleConnection(t *testing.T) {
 	settle := func() int {
-		// Transient goroutines (dispatchers, mailboxes) end on their own:
+		// Transient goroutines (dispatchers, outboxes) end on their own:
 		// poll until the count holds still between two ticks.
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()

@@ -15,7 +15,7 @@ import (
 
 // A publisher with confirms in drainer mode. Nothing here has to read the
 // NotifyPublish listener promptly for the rest of the connection to keep
-// working: confirmations wait in the listener's mailbox.
+// working: confirmations wait in the channel's outbox.
 func ExampleDial() {
 	conn, err := drainer.Dial("amqp://guest:guest@127.0.0.1:5672/", drainer.Options{})
 	if err != nil {

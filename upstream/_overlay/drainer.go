@@ -27,10 +27,12 @@ import (
 //     the middle of a frame keeps the partial bytes.
 //  2. It never waits on user code or on a lock that anyone holds across a
 //     network write: channel frames go to a per-channel dispatcher
-//     goroutine (started on demand, gone when idle), notifications go to a
-//     per-listener mailbox (mailbox.go), and replies that need a network
-//     write (close-ok, flow-ok, cancel-ok) are written by the dispatcher,
-//     never by the drainer.
+//     goroutine (started on demand, gone when idle), notifications go to
+//     the channel's outbox (outbox.go), which hands them to their
+//     listeners in the order the frames arrived, across listeners, as
+//     upstream's reader does, and replies that need a network write
+//     (close-ok, flow-ok, cancel-ok) are written by the dispatcher, never
+//     by the drainer.
 //  3. Everything queued for users counts against a budget. Over it, the
 //     drainer stops reading (TCP backpressure) until users catch up.
 //  4. Heartbeats live in the same loop: read deadlines double as the timer.
@@ -110,13 +112,15 @@ type drainerMode struct{ opts DrainerOptions }
 func (drainerMode) Mode() string { return "drainer" }
 
 func (m drainerMode) attach(c *Connection) readPath {
-	return &drainConn{
+	d := &drainConn{
 		c:           c,
 		opts:        m.opts,
 		budget:      newBudget(m.opts.Budget, m.opts.Budget/2),
 		closeIntent: newCloseIntent(),
 		dispatchers: map[*Channel]*chanDispatcher{},
 	}
+	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
+	return d
 }
 
 // drainConn is the drainer read path of one Connection, across generations.
@@ -124,7 +128,12 @@ type drainConn struct {
 	c      *Connection
 	opts   DrainerOptions
 	budget *budget
-	mbs    mailboxes
+	// connOut hands connection.blocked/unblocked over in order; jobs and
+	// work count what dispatchers and outboxes still have to do, which
+	// the end of the connection waits for (flush, replyBefore).
+	connOut outbox
+	jobs    workCount // jobs queued for channel dispatchers
+	work    workCount // items queued in outboxes
 
 	closeIntent // Close was called: waiters get ErrClosedIntentionally
 	blocks      blockGate
@@ -442,6 +451,8 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 }
 
 // connCall waits for a channel-0 reply, or for the generation to end.
+// Channel-0 replies are queued by the drainer itself, in frame order, so
+// one that came before the end is in rpc by the time the end is seen.
 func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) error {
 	g := d.current()
 	select {
@@ -458,9 +469,13 @@ func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) err
 }
 
 // chanCall waits for a channel reply, a channel error, or the end of the
-// generation. Every waiter released by a connection error gets that error.
+// generation. Every waiter released by a connection error gets that error,
+// unless its reply came before the end: upstream's reader hands a reply
+// over before it reads the next frame, so the caller gets the reply (see
+// replyBefore).
 func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := d.current()
+	var err error
 	select {
 	case msg := <-rpc:
 		if msg == nil {
@@ -468,17 +483,45 @@ func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res
 		}
 		return matchReply(msg, res)
 	case e, ok := <-errs:
-		if ok {
-			return e
-		}
-		select {
-		case <-g.dead:
-			return d.waitErr(&g.genEnd)
+		switch {
+		case ok:
+			err = e
+		case g.isDead():
+			err = d.waitErr(&g.genEnd)
 		default:
+			err = ErrClosed
 		}
-		return ErrClosed
 	case <-g.dead:
-		return d.waitErr(&g.genEnd)
+		err = d.waitErr(&g.genEnd)
+	}
+	if msg := d.replyBefore(g, rpc); msg != nil {
+		return matchReply(msg, res)
+	}
+	return err
+}
+
+// replyBefore returns a reply that arrived before the error or end that
+// woke its caller, or nil. A channel error comes through the channel's own
+// dispatcher, after any reply before it, so such a reply is already in
+// rpc. The end of the connection does not: connection.close, or a failed
+// read, overtakes the frames that channel dispatchers have still to run,
+// so this waits (CloseTimeout at most) for them to have run; nothing new
+// is read after the end.
+func (d *drainConn) replyBefore(g *drainGen, rpc chan message) message {
+	select {
+	case msg := <-rpc:
+		return msg
+	default:
+	}
+	if !g.isDead() {
+		return nil
+	}
+	d.jobs.waitIdle(time.Now().Add(d.opts.CloseTimeout))
+	select {
+	case msg := <-rpc:
+		return msg
+	default:
+		return nil
 	}
 }
 
@@ -517,6 +560,32 @@ func (d *drainConn) shutdown(err *Error) {
 	d.c.closed.Store(true) // as upstream's first statement, before waiters wake
 	g.setDead(err)
 	_ = g.conn.Close()
+	d.flush()
+}
+
+// flush lets the notifications of frames read before the end reach their
+// listeners before upstream's teardown sends NotifyClose and closes the
+// listener chans, as upstream's reader would have handed them over before
+// it saw the end. It waits until the close's deadline (Close's, or
+// CloseTimeout from now after a failure); what is still queued then is
+// dropped, so a listener nobody reads delays the teardown by that much at
+// most.
+func (d *drainConn) flush() {
+	deadline, ok := d.closeDeadline()
+	if !ok || !d.isCalled() {
+		// A failure, or the library's own close after a protocol error
+		// (which recovery may follow, with a stale deadline).
+		deadline = time.Now().Add(d.opts.CloseTimeout)
+	}
+	if d.jobs.waitIdle(deadline) && d.work.waitIdle(deadline) {
+		return
+	}
+	d.mu.Lock()
+	for _, disp := range d.dispatchers {
+		disp.out.dropQueued()
+	}
+	d.mu.Unlock()
+	d.connOut.dropQueued()
 }
 
 // drainEvents is DrainEvents in drainer mode.

@@ -11,14 +11,17 @@ import (
 // How the drainer hands frames on without waiting for anyone.
 //
 // Channel-0 methods are handled on the drainer goroutine: replies go to a
-// buffered rpc chan, blocked/unblocked to mailboxes, and connection.close
-// ends reading while a short-lived goroutine writes close-ok and tears the
-// connection down, which releases every waiter with the broker's reason. Channel frames are queued, in order, for that
+// buffered rpc chan, blocked/unblocked to the connection's outbox, and
+// connection.close ends reading while a short-lived goroutine writes
+// close-ok and tears the connection down, which releases every waiter with
+// the broker's reason. Channel frames are queued, in order, for that
 // channel's dispatcher: a goroutine that exists only while the channel has
-// frames waiting. It assembles content and dispatches each message. It may
-// wait for the channel's lock or write to the socket (close-ok, flow-ok,
-// cancel-ok), which only ever delays that one channel, never the drainer or
-// another channel. Notifications go to mailboxes and are never dropped.
+// frames waiting. It dispatches each method and complete message (content
+// is assembled by the drainer). It may wait for the channel's lock or write
+// to the socket (close-ok, flow-ok, cancel-ok), which only ever delays that
+// one channel, never the drainer or another channel. Notifications go to
+// the channel's outbox (outbox.go), which hands them over in arrival order
+// and never drops one while its listener is open.
 
 // serialQueue runs jobs in order on a goroutine that exists only while
 // jobs are queued. Each job's cost is charged to the budget until it ran.
@@ -33,6 +36,8 @@ type serialQueue struct {
 	// by value: a pointer to the loop's copy would move it to the heap, an
 	// allocation per job.
 	handleJob func(queuedJob)
+	// work, when set, counts queued jobs for a shutdown to wait on.
+	work *workCount
 
 	mu      sync.Mutex
 	jobs    []queuedJob // jobs[head:] are queued
@@ -65,6 +70,9 @@ func (q *serialQueue) push(cost int64, run func()) {
 
 func (q *serialQueue) pushJob(job queuedJob) {
 	q.budget.charge(job.cost)
+	if q.work != nil {
+		q.work.add(1)
+	}
 	q.mu.Lock()
 	if len(q.jobs) == cap(q.jobs) && q.head >= len(q.jobs)/2 {
 		// Full, and at least half of it already run: slide the queued
@@ -97,6 +105,9 @@ func (q *serialQueue) loop() {
 			q.handleJob(job)
 		}
 		q.budget.release(job.cost)
+		if q.work != nil {
+			q.work.add(-1)
+		}
 	}
 }
 
@@ -127,12 +138,14 @@ func (q *serialQueue) pop() (queuedJob, bool) {
 }
 
 // chanDispatcher is one channel's dispatcher: its queue, which runs the
-// channel's methods and complete messages in order. Content is assembled
-// before, by the drainer (fastread.go).
+// channel's methods and complete messages in order, and its outbox, which
+// hands the channel's notifications over in the same order. Content is
+// assembled before, by the drainer (fastread.go).
 type chanDispatcher struct {
 	serialQueue
-	d  *drainConn
-	ch *Channel
+	out outbox
+	d   *drainConn
+	ch  *Channel
 }
 
 type assemblyState int
@@ -285,11 +298,20 @@ func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 		disp = &chanDispatcher{d: d, ch: ch}
 		disp.budget = d.budget
 		disp.outer = &d.mu
+		disp.work = &d.jobs
 		disp.handleJob = disp.handle
+		d.initOutbox(&disp.out, &ch.notifyM, &ch.noNotify)
+		disp.out.outer = &d.mu
+		// A closed channel's dispatcher goes once its queue and outbox
+		// are both idle; if recovery reopens the channel, its frames
+		// start a new one. Both run under d.mu, then their own lock.
 		disp.retired = func() {
-			// A closed channel's dispatcher goes once idle; if recovery
-			// reopens the channel, its frames start a new one.
-			if ch.IsClosed() {
+			if ch.IsClosed() && disp.out.idle() {
+				delete(d.dispatchers, ch)
+			}
+		}
+		disp.out.retired = func() {
+			if ch.IsClosed() && !disp.queueRunning() {
 				delete(d.dispatchers, ch)
 			}
 		}
@@ -299,52 +321,71 @@ func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Unlock()
 }
 
+// initOutbox sets up an outbox of this connection, owned by the holder of
+// lock and closed.
+func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
+	o.lock, o.closed = lock, closed
+	o.budget, o.work = d.budget, &d.work
+	o.closeWait = d.opts.CloseTimeout
+}
+
+// queueRunning reports whether the dispatcher's goroutine runs.
+func (q *serialQueue) queueRunning() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.running
+}
+
 // handle dispatches one method or complete message.
 func (disp *chanDispatcher) handle(job queuedJob) {
 	switch {
 	case job.del != nil:
 		disp.ch.consumers.deliver(job.del.ConsumerTag, job.del)
 	case job.msg != nil:
-		disp.d.dispatchMessage(disp.ch, job.msg)
+		disp.dispatchMessage(job.msg)
 	default:
-		disp.d.dispatchMessage(disp.ch, job.f.(*methodFrame).Method)
+		disp.dispatchMessage(job.f.(*methodFrame).Method)
 	}
 }
 
-// Notification costs charged to the budget while a value waits in a mailbox.
+// Notification costs charged to the budget while a value waits in an outbox.
 func confirmationCost(Confirmation) int64 { return frameCost }
 func returnCost(r Return) int64           { return frameCost + int64(len(r.Body)) }
 func boolCost(bool) int64                 { return frameCost }
 func stringCost(s string) int64           { return frameCost + int64(len(s)) }
 func blockingCost(b Blocking) int64       { return frameCost + int64(len(b.Reason)) }
 
-// dispatchMessage is Channel.dispatch without its waits on users: the
-// notifications go to mailboxes, confirmations are resolved here,
-// deliveries are charged to the budget, and the rest (channel.close, RPC
-// replies) is upstream's dispatch.
-func (d *drainConn) dispatchMessage(ch *Channel, msg message) {
+// dispatchMessage is Channel.dispatch without its waits on users:
+// notifications, the settling of DeferredConfirmations, the closing of a
+// cancelled consumer's deliveries and the channel's close go through the
+// outbox, in arrival order; deliveries are charged to the budget; RPC
+// replies reach their caller at once (they are not notifications, and an
+// unread listener must not hold up the channel's RPCs); flow-ok and
+// cancel-ok are written at once, as the protocol replies they are.
+func (disp *chanDispatcher) dispatchMessage(msg message) {
+	d, ch, out := disp.d, disp.ch, &disp.out
 	switch m := msg.(type) {
 	case *basicAck:
 		if ch.confirming.Load() {
-			d.confirm(ch, Confirmation{DeliveryTag: m.DeliveryTag, Ack: true}, m.Multiple)
+			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: true}, m.Multiple)
 		}
 
 	case *basicNack:
 		if ch.confirming.Load() {
-			d.confirm(ch, Confirmation{DeliveryTag: m.DeliveryTag, Ack: false}, m.Multiple)
+			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: false}, m.Multiple)
 		}
 
 	case *basicReturn:
 		ch.notifyM.RLock()
 		ls := ch.returns
 		ch.notifyM.RUnlock()
-		notifyEach(&d.mbs, ls, &ch.notifyM, &ch.noNotify, d.budget, returnCost, *newReturn(*m))
+		notifyAllInOrder(out, ls, returnCost, *newReturn(*m))
 
 	case *channelFlow:
 		ch.notifyM.RLock()
 		ls := ch.flows
 		ch.notifyM.RUnlock()
-		notifyEach(&d.mbs, ls, &ch.notifyM, &ch.noNotify, d.budget, boolCost, m.Active)
+		notifyAllInOrder(out, ls, boolCost, m.Active)
 		if err := ch.send(&channelFlowOk{Active: m.Active}); err != nil {
 			Logger.Printf("error sending channelFlowOk, channel id: %d error: %+v", ch.id, err)
 		}
@@ -354,8 +395,12 @@ func (d *drainConn) dispatchMessage(ch *Channel, msg message) {
 		ch.notifyM.RLock()
 		ls := ch.cancels
 		ch.notifyM.RUnlock()
-		notifyEach(&d.mbs, ls, &ch.notifyM, &ch.noNotify, d.budget, stringCost, m.ConsumerTag)
-		ch.consumers.cancel(m.ConsumerTag)
+		notifyAllInOrder(out, ls, stringCost, m.ConsumerTag)
+		// The deliveries chan closes only once NotifyCancel holds the tag,
+		// as upstream's order has it.
+		if in := ch.consumers.inbox(m.ConsumerTag); in != nil {
+			out.inOrder(func() { ch.consumers.cancelInbox(m.ConsumerTag, in) })
+		}
 		if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
 			// Serialised with publishes on this channel, as upstream.
 			ch.m.Lock()
@@ -371,23 +416,39 @@ func (d *drainConn) dispatchMessage(ch *Channel, msg message) {
 	case *basicDeliver:
 		ch.consumers.deliver(m.ConsumerTag, newDelivery(ch, m))
 
+	case *channelClose, *channelCloseOk:
+		// The broker's close, or the close-ok that ends Channel.Close:
+		// either way the listeners are closed next, so this waits for
+		// the notifications before it (for closeWait at most).
+		out.closeInOrder(func() { ch.dispatch(msg) })
+
 	default:
 		ch.dispatch(msg)
 	}
 }
 
 // confirm settles publisher confirmations as upstream's confirms.One and
-// confirms.Multiple do: DeferredConfirmations resolve at once, and
-// listeners receive every confirmation in delivery-tag order (out-of-order
-// acks are held back until the gap fills). Unlike upstream, nothing waits
-// for a listener and nothing is dropped: the ordered batch goes to each
-// listener's mailbox.
-func (d *drainConn) confirm(ch *Channel, conf Confirmation, multiple bool) {
+// confirms.Multiple do: DeferredConfirmations resolve, and listeners
+// receive every confirmation in delivery-tag order (out-of-order acks are
+// held back until the gap fills), both after the notifications that came
+// before (a basic.return of the same message, say). Unlike upstream,
+// nothing waits for a listener and nothing is dropped: when the outbox is
+// busy, the settlement and the ordered batch queue there.
+func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multiple bool) {
 	cf := ch.confirms
 	cf.m.Lock()
-	if multiple {
+	var settle *settlement
+	switch {
+	case !out.idle():
+		// Settled in order by the outbox. They leave the set now, so
+		// that upstream's reset and Close, which nack what is left in
+		// it, can never settle them twice.
+		if dcs := cf.deferredConfirmations.take(conf.DeliveryTag, multiple); len(dcs) > 0 {
+			settle = &settlement{dcs: dcs, ack: conf.Ack}
+		}
+	case multiple:
 		cf.deferredConfirmations.ConfirmMultiple(conf)
-	} else {
+	default:
 		cf.deferredConfirmations.Confirm(conf)
 	}
 	var ordered []Confirmation
@@ -426,15 +487,38 @@ func (d *drainConn) confirm(ch *Channel, conf Confirmation, multiple bool) {
 	listeners := cf.listeners
 	cf.m.Unlock()
 
-	notifyEach(&d.mbs, listeners, &ch.notifyM, &ch.noNotify, d.budget, confirmationCost, ordered...)
+	if settle != nil {
+		out.queue(settle)
+	}
+	notifyAllInOrder(out, listeners, confirmationCost, ordered...)
 }
 
-// notifyBlocks queues connection.blocked/unblocked for NotifyBlocked
-// listeners.
+// notifyBlocks hands connection.blocked/unblocked to the NotifyBlocked
+// listeners, in order, through the connection's outbox.
 func (d *drainConn) notifyBlocks(b Blocking) {
 	c := d.c
 	c.m.Lock()
 	ls := c.blocks
 	c.m.Unlock()
-	notifyEach(&d.mbs, ls, &c.notifyM, &c.noNotify, d.budget, blockingCost, b)
+	notifyAllInOrder(&d.connOut, ls, blockingCost, b)
+}
+
+// inbox returns the chan that feeds tag's buffer, nil if there is none.
+func (subs *consumers) inbox(tag string) chan *Delivery {
+	subs.Lock()
+	defer subs.Unlock()
+	return subs.chans[tag]
+}
+
+// cancelInbox is upstream's consumers.cancel for the consumer whose buffer
+// in feeds, and only for it: when the cancel runs late (after notifications
+// the user has not read yet), the tag may since have been cancelled by the
+// application, or even reused by a new Consume, which this must not end.
+func (subs *consumers) cancelInbox(tag string, in chan *Delivery) {
+	subs.Lock()
+	same := subs.chans[tag] == in
+	subs.Unlock()
+	if same {
+		subs.cancel(tag)
+	}
 }

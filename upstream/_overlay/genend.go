@@ -62,6 +62,7 @@ type closeIntent struct {
 	calledC  chan struct{} // closed by Close: wakes DrainEvents callers
 	protocol bool          // the close that follows is the library's, after a protocol error
 	watchdog *time.Timer
+	closeBy  time.Time // when the watchdog fires
 }
 
 func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct{})} }
@@ -83,6 +84,7 @@ func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer)
 	if end == nil {
 		return
 	}
+	ci.closeBy = time.Now().Add(timeout)
 	ci.watchdog = time.AfterFunc(timeout, func() {
 		if end.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
 			"close-ok not received within %s: socket closed", timeout)}) {
@@ -106,6 +108,13 @@ func (ci *closeIntent) stopWatchdog() {
 		ci.watchdog.Stop()
 	}
 	ci.mu.Unlock()
+}
+
+// closeDeadline is when the close under way must be done, if one is.
+func (ci *closeIntent) closeDeadline() (time.Time, bool) {
+	ci.mu.Lock()
+	defer ci.mu.Unlock()
+	return ci.closeBy, !ci.closeBy.IsZero()
 }
 
 func (ci *closeIntent) isCalled() bool {

@@ -579,7 +579,25 @@ func (l *legacyConn) drain(ctx context.Context) error {
 
 // await pumps until done is closed (a reply, a confirmation) or the
 // generation ends. It returns nil when done closed.
+//
+// A reply dispatched before the error or end that woke the caller is the
+// caller's: upstream's reader hands it over before it reads the frame
+// that ends the channel or the connection, so the caller gets the reply.
+// Here the turn holder dispatches both in one go, and a select between
+// them picks at random, so the reply is looked for first.
 func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
+	m, err := l.awaitTurns(ctx, g, rpc, errs, done)
+	if err != nil {
+		select {
+		case m := <-rpc:
+			return m, nil
+		default:
+		}
+	}
+	return m, err
+}
+
+func (l *legacyConn) awaitTurns(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
 	for {
 		select {
 		case m := <-rpc:
