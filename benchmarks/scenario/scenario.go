@@ -94,7 +94,7 @@ func (s *Scenario) order() int {
 var suiteOrder = []string{
 	"stalled-consumer", "stalled-listener", "throughput", "error-propagation",
 	"bounded-shutdown", "fragmented-frame", "idle-connections", "allocations",
-	"client-throughput",
+	"client-throughput", "confirm-wait",
 }
 
 // CaseList returns s.Cases, or one unnamed case.
