@@ -42,10 +42,10 @@ type Mode int
 
 // The read modes. Upstream is the zero value.
 const (
-	Upstream Mode = iota // upstream's reader goroutine, unchanged
-	Legacy               // caller-drives-read; see package legacyread
-	Drainer              // dedicated drainer; see package drainer
-	LegacyAutoDrain      // legacy with amqp.LegacyOptions.AutoDrain set
+	Upstream        Mode = iota // upstream's reader goroutine, unchanged
+	Legacy                      // caller-drives-read; see package legacyread
+	Drainer                     // dedicated drainer; see package drainer
+	LegacyAutoDrain             // legacy with amqp.LegacyOptions.AutoDrain set
 )
 
 var names = [...]string{Upstream: "upstream", Legacy: "legacy", Drainer: "drainer", LegacyAutoDrain: "legacy-autodrain"}
