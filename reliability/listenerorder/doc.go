@@ -1,5 +1,6 @@
-// Package listenerorder proves, in every read mode (upstream, legacy and
-// drainer), the ordering guarantee that upstream amqp091-go gives by
+// Package listenerorder proves, in every read mode (upstream, drainer,
+// legacy, and legacy-autodrain, the legacy mode that the process-wide
+// switch gives a library that never calls DrainEvents), the ordering guarantee that upstream amqp091-go gives by
 // dispatching on its reader goroutine: for one channel, notifications reach
 // their listeners in the order of the frames that carried them, across
 // listeners, and a close reaches NotifyClose only after everything that
@@ -53,7 +54,10 @@
 // tests pump DrainEvents from a goroutine of their own while they wait for
 // notifications, as a legacy application must, and stop it before they
 // write (a legacy publish waits for a blocked reader). The deferred
-// confirmation pattern needs no pump: WaitContext reads by itself.
+// confirmation pattern needs no pump: WaitContext reads by itself. In
+// legacy-autodrain the connection's own drain loop reads; a publish made
+// while nothing is in flight waits for that loop's read to time out
+// (50 ms), so the broker tests run a tenth of their iterations there.
 //
 // The package runs under a plain go test ./... (it only declares its own
 // exclusive queues and does not disturb the shared broker), at the default
