@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/hist"
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/readmode"
 )
 
 // Publish, then wait for the confirm, one message at a time: the pattern
@@ -26,11 +27,14 @@ func init() {
 			"iteration publishes one 64-byte message with PublishWithDeferredConfirmWithContext " +
 			"and waits for its confirm with WaitContext; the latency is the whole round trip. " +
 			"Case wait: nothing else runs (in legacy mode WaitContext reads the frames itself). " +
-			"Case drain-loop: a goroutine loops DrainEvents with a 50 ms timeout meanwhile, as " +
-			"LegacyOptions.AutoDrain does for libraries that never call DrainEvents; in legacy " +
-			"mode a publish takes the transport lock that the loop's read holds, so it waits " +
-			"for that read to end. In the other modes the loop only waits for traffic.",
-		Cases:   []string{"wait", "drain-loop"},
+			"Case drain-loop: the application loops DrainEvents with a 50 ms timeout " +
+			"meanwhile; in legacy mode a publish takes the transport lock that the loop's read " +
+			"holds, so it waits for that read to end (py-amqp's behaviour). Case auto-drain: " +
+			"legacy mode is dialled with LegacyOptions.AutoDrain (AMQP091_READ_MODE=" +
+			"legacy-autodrain, how a library that never calls DrainEvents runs in legacy " +
+			"mode), whose loop (50 ms per call) yields the transport lock to a writer. In the " +
+			"other modes the loops only wait for traffic, and auto-drain is the wait case.",
+		Cases:   []string{"wait", "drain-loop", "auto-drain"},
 		Timeout: 2 * time.Minute,
 		Run:     runConfirmWait,
 		Report: Report{
@@ -65,9 +69,13 @@ func runConfirmWait(ctx context.Context, env *Env, c string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := env.Dial(amqp.Config{})
+	mode := env.Mode
+	if c == "auto-drain" && mode == readmode.Legacy {
+		mode = readmode.LegacyAutoDrain
+	}
+	conn, err := readmode.DialConfig(env.URL, amqp.Config{}, mode)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("dial %s mode: %w", mode, err)
 	}
 	defer closeWithin(conn, 5*time.Second)
 	ch, err := conn.Channel()
@@ -78,12 +86,12 @@ func runConfirmWait(ctx context.Context, env *Env, c string) (*Result, error) {
 		return nil, fmt.Errorf("confirm mode: %w", err)
 	}
 	switch c {
-	case "wait":
+	case "wait", "auto-drain":
 	case "drain-loop":
 		stop := StartDrainLoop(conn, env.Mode, confirmWaitDrainTimeout)
 		defer stop()
 	default:
-		return nil, fmt.Errorf("confirm-wait: unknown case %q (want wait or drain-loop)", c)
+		return nil, fmt.Errorf("confirm-wait: unknown case %q (want wait, drain-loop or auto-drain)", c)
 	}
 
 	msg := amqp.Publishing{Body: make([]byte, 64)}

@@ -21,7 +21,7 @@ import (
 func TestCancelBeforeDeliveriesClose(t *testing.T) {
 	iterations := size(t, 50, 300, 2000)
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) { cancelBeforeDeliveriesClose(t, mode, scaled(mode, iterations)) })
+		t.Run(mode.String(), func(t *testing.T) { cancelBeforeDeliveriesClose(t, mode, iterations) })
 	}
 }
 
@@ -100,7 +100,7 @@ func TestCloseAfterReturns(t *testing.T) {
 	rounds := size(t, 30, 200, 1000)
 	const n = 20
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) { closeAfterReturns(t, mode, scaled(mode, rounds), n) })
+		t.Run(mode.String(), func(t *testing.T) { closeAfterReturns(t, mode, rounds, n) })
 	}
 }
 

@@ -55,9 +55,8 @@
 // notifications, as a legacy application must, and stop it before they
 // write (a legacy publish waits for a blocked reader). The deferred
 // confirmation pattern needs no pump: WaitContext reads by itself. In
-// legacy-autodrain the connection's own drain loop reads; a publish made
-// while nothing is in flight waits for that loop's read to time out
-// (50 ms), so the broker tests run a tenth of their iterations there.
+// legacy-autodrain the connection's own drain loop reads, and a write cuts
+// its read short.
 //
 // The package runs under a plain go test ./... (it only declares its own
 // exclusive queues and does not disturb the shared broker), at the default

@@ -267,10 +267,9 @@ func channelOrderFakePeer(t *testing.T, mode compat.Mode, each int) {
 // all are closed: every return and blocked notification must be received
 // before either close error.
 func TestConnectionCloseAfterNotificationsFakePeer(t *testing.T) {
-	all := size(t, 10, 50, 200)
+	rounds := size(t, 10, 50, 200)
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			rounds := scaled(mode, all)
 			verifyNoLeaks(t)
 			var violations examples
 			start := time.Now()
@@ -410,10 +409,9 @@ func connectionCloseAfterNotifications(t *testing.T, mode compat.Mode, n int) (v
 // gets it, as upstream's reader hands it over before it reads the close;
 // the close only reaches NotifyClose.
 func TestRPCReplyBeforeConnectionCloseFakePeer(t *testing.T) {
-	all := size(t, 10, 50, 200)
+	rounds := size(t, 10, 50, 200)
 	for _, mode := range modes {
 		t.Run(mode.String(), func(t *testing.T) {
-			rounds := scaled(mode, all)
 			verifyNoLeaks(t)
 			var violations examples
 			for r := 0; r < rounds; r++ {

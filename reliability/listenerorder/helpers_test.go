@@ -24,17 +24,6 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // legacy mode (the process-wide switch's AMQP091_READ_MODE=legacy-autodrain).
 var modes = []compat.Mode{compat.Upstream, compat.Drainer, compat.Legacy, compat.LegacyAutoDrain}
 
-// scaled is n for every mode but legacy-autodrain, where a publish made
-// while nothing is in flight waits for the drain loop's read to time out
-// (50 ms; see the confirm-wait benchmark), so the broker tests run a tenth
-// of the iterations there.
-func scaled(mode compat.Mode, n int) int {
-	if mode == compat.LegacyAutoDrain {
-		return max(n/10, 20)
-	}
-	return n
-}
-
 const (
 	// bound is the hang guard of one step that should take milliseconds.
 	bound = 15 * time.Second

@@ -29,7 +29,7 @@ const batchSize = 4
 func TestReturnBeforeAckSelect(t *testing.T) {
 	batches := size(t, 300, 2000, 10000)
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) { returnBeforeAckSelect(t, mode, scaled(mode, batches)) })
+		t.Run(mode.String(), func(t *testing.T) { returnBeforeAckSelect(t, mode, batches) })
 	}
 }
 
@@ -141,7 +141,7 @@ func returnBeforeAckSelect(t *testing.T, mode compat.Mode, batches int) {
 func TestReturnBeforeDeferredConfirm(t *testing.T) {
 	iterations := size(t, 300, 2000, 10000)
 	for _, mode := range modes {
-		t.Run(mode.String(), func(t *testing.T) { returnBeforeDeferredConfirm(t, mode, scaled(mode, iterations)) })
+		t.Run(mode.String(), func(t *testing.T) { returnBeforeDeferredConfirm(t, mode, iterations) })
 	}
 }
 

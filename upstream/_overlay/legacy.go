@@ -11,7 +11,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,7 +32,9 @@ import (
 //     already complete in the buffer. When its ctx ends first it returns
 //     ctx.Err() and keeps the partial frame for the next call.
 //  4. Writes, publishes included, take the transport lock: a publish waits
-//     while another goroutine sits in a blocking read. (On a transport
+//     while another goroutine sits in a blocking read (with AutoDrain, a
+//     write cuts such a read short instead, and the read resumes after
+//     it: see lockedWriter.lock). (On a transport
 //     without read deadlines, such as io.Pipe, reads cannot be cut short,
 //     so there the lock covers writes only, and a read ignores ctx until
 //     bytes arrive.)
@@ -106,6 +110,9 @@ type legacyConn struct {
 	turn chan struct{}
 	// transport is held across every socket read and write.
 	transport sync.Mutex
+	// writers counts writers waiting for the transport lock, which a
+	// reader holding it gives up to them (lockedWriter.lock).
+	writers atomic.Int32
 
 	closeIntent // Close was called: waiters get ErrClosedIntentionally
 	blocks      blockGate
@@ -205,7 +212,7 @@ type lockedWriter struct {
 }
 
 func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.l.transport.Lock()
+	w.lock()
 	defer w.l.transport.Unlock()
 	n, err := w.g.conn.Write(p)
 	if n > 0 {
@@ -216,11 +223,36 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	return n, w.g.explain(err)
 }
 
+// lock takes the transport lock for a write. In plain legacy mode the
+// write waits while another goroutine sits in a read, as py-amqp's does
+// (contract point 4, and what the benchmarks compare against). With
+// LegacyOptions.AutoDrain the reader is the library's own loop, which
+// nobody asked to pace the writes, and a read holding the lock waits until
+// its deadline (the loop's 50 ms) when nothing arrives: so the writer cuts
+// the read short, and the reader, seeing a writer waiting, lets go of the
+// lock and reads again afterwards.
+func (w *lockedWriter) lock() {
+	l := w.l
+	if !l.opts.AutoDrain {
+		l.transport.Lock()
+		return
+	}
+	if l.transport.TryLock() {
+		return
+	}
+	l.writers.Add(1)
+	if nc, ok := w.g.conn.(net.Conn); ok {
+		_ = nc.SetReadDeadline(time.Now())
+	}
+	l.transport.Lock()
+	l.writers.Add(-1)
+}
+
 // writeVectors is Write for a publish's buffers (publish.go), under the
 // transport lock: one writev on a TCP or Unix socket, a Write per buffer
 // on other transports.
 func (w *lockedWriter) writeVectors(v *net.Buffers) (int64, error) {
-	w.l.transport.Lock()
+	w.lock()
 	defer w.l.transport.Unlock()
 	n, err := v.WriteTo(w.g.conn)
 	if n > 0 {
@@ -434,6 +466,12 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	g.stateM.Unlock()
 	if isNet {
 		l.transport.Lock()
+		if l.writers.Load() > 0 {
+			// A writer waits: let it go first.
+			l.transport.Unlock()
+			runtime.Gosched()
+			return errInterrupted
+		}
 		deadline, hasDeadline := ctx.Deadline()
 		if interval > 0 {
 			if beat := lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
@@ -452,7 +490,7 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 			// read without the hook first, bounded by the delay.
 			l.setReadDeadline(ctx, nc, time.Now().Add(cancelHookDelay))
 			n, err := g.split.fill(g.conn)
-			if n > 0 || !errors.Is(err, errDeadline) || ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) {
+			if n > 0 || !errors.Is(err, errDeadline) || ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
 				l.transport.Unlock()
 				return l.readDone(ctx, g, interval, n, err)
 			}
@@ -495,7 +533,10 @@ const cancelHookDelay = time.Millisecond
 // The caller holds the transport lock.
 func (l *legacyConn) setReadDeadline(ctx context.Context, nc net.Conn, deadline time.Time) {
 	_ = nc.SetReadDeadline(deadline)
-	if ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) {
+	// Checked after setting it: a cancel, a Close or a writer (see
+	// lockedWriter.lock) that came in between has already tried to cut
+	// the read short, and the deadline above undid that.
+	if ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
 		_ = nc.SetReadDeadline(time.Now())
 	}
 }

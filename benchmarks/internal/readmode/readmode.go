@@ -13,6 +13,10 @@ const (
 	Upstream = "upstream"
 	Legacy   = "legacy"
 	Drainer  = "drainer"
+	// LegacyAutoDrain is legacy mode with its own drain loop
+	// (LegacyOptions.AutoDrain). It is not one of the suite's variants:
+	// a scenario dials it in place of Legacy where a case asks for it.
+	LegacyAutoDrain = "legacy-autodrain"
 )
 
 // ErrUnsupported is returned for a mode this build does not have.
