@@ -10,10 +10,9 @@ import (
 	"time"
 )
 
-// autoDrainWait bounds each DrainEvents call of the auto-drain loop. It is
-// how long a publish can wait for the transport lock while the loop sits in
-// a read on a quiet connection (legacy mode's writes and reads share the
-// lock), against one wake-up per wait while idle.
+// autoDrainWait bounds each DrainEvents call of the auto-drain loop: one
+// wake-up per wait while idle. A write does not wait for it: it cuts the
+// loop's read short (lockedWriter.lock in legacy.go).
 const autoDrainWait = 50 * time.Millisecond
 
 // autoDrain is LegacyOptions.AutoDrain: the drain loop of one generation,

@@ -60,9 +60,9 @@ type LegacyOptions struct {
 	// (AMQP091_READ_MODE=legacy-autodrain), run in legacy mode. The
 	// goroutine ends at Close or with its generation; recovery starts
 	// another for the next. The connection's ReadMode is
-	// "legacy-autodrain". A publish may wait up to autoDrainWait (50 ms)
-	// for the transport lock while the loop sits in a read on a quiet
-	// connection: legacy's own cost, which drainer mode does not have.
+	// "legacy-autodrain". A write (a publish, an RPC) that finds the loop
+	// in a read cuts that read short instead of waiting for it, and the
+	// loop reads again afterwards; plain legacy mode keeps py-amqp's wait.
 	AutoDrain bool
 }
 
