@@ -12,6 +12,11 @@
 //	mode, err := compat.ModeFromEnv() // AMQP091_READ_MODE=drainer
 //	conn, err := compat.Dial(url, mode)
 //
+// A program whose connections are dialled by a library it cannot edit
+// needs no compat call at all: amqp091-drainer's amqp.Dial reads
+// AMQP091_READ_MODE itself when Config.ReadPath is nil, or takes
+// amqp.SetDefaultReadPath's default (see docs/MIGRATING.md).
+//
 // The modes:
 //
 //   - Upstream, the zero value: upstream's reader goroutine, unchanged.
@@ -19,6 +24,8 @@
 //     blocks on user code (package drainer).
 //   - Legacy: caller-drives-read, no background goroutines (package
 //     legacyread).
+//   - LegacyAutoDrain: legacy plus a goroutine that loops DrainEvents
+//     (amqp.LegacyOptions.AutoDrain), for code that does not drain.
 package compat
 
 import (
@@ -35,15 +42,16 @@ type Mode int
 
 // The read modes. Upstream is the zero value.
 const (
-	Upstream Mode = iota // upstream's reader goroutine, unchanged
-	Legacy               // caller-drives-read; see package legacyread
-	Drainer              // dedicated drainer; see package drainer
+	Upstream        Mode = iota // upstream's reader goroutine, unchanged
+	Legacy                      // caller-drives-read; see package legacyread
+	Drainer                     // dedicated drainer; see package drainer
+	LegacyAutoDrain             // legacy with amqp.LegacyOptions.AutoDrain set
 )
 
-var names = [...]string{Upstream: "upstream", Legacy: "legacy", Drainer: "drainer"}
+var names = [...]string{Upstream: "upstream", Legacy: "legacy", Drainer: "drainer", LegacyAutoDrain: "legacy-autodrain"}
 
-// String returns "upstream", "legacy" or "drainer", the names ParseMode
-// accepts and Connection.ReadMode reports.
+// String returns "upstream", "legacy", "drainer" or "legacy-autodrain",
+// the names ParseMode accepts and Connection.ReadMode reports.
 func (m Mode) String() string {
 	if m < 0 || int(m) >= len(names) {
 		return fmt.Sprintf("Mode(%d)", int(m))
@@ -62,11 +70,18 @@ func ParseMode(s string) (Mode, error) {
 	return Upstream, fmt.Errorf("compat: unknown read mode %q: want one of %s", s, strings.Join(names[:], ", "))
 }
 
-// EnvVar is the environment variable ModeFromEnv reads.
-const EnvVar = "AMQP091_READ_MODE"
+// EnvVar is the environment variable ModeFromEnv reads, and the one
+// amqp.Dial reads for its process default (amqp.ReadModeEnv).
+const EnvVar = amqp.ReadModeEnv
 
 // ModeFromEnv reads the mode from AMQP091_READ_MODE. Unset or empty means
 // Upstream; a value ParseMode rejects is an error, never a silent fallback.
+//
+// It accepts the names of amqp091-drainer's process-wide switch (the same
+// variable, read by amqp.Dial when Config.ReadPath is nil), and "legacy"
+// too: the switch refuses plain legacy, because a program that never calls
+// DrainEvents would hang, but a program that dials with ModeFromEnv's mode
+// chose to and can run its drain loop.
 func ModeFromEnv() (Mode, error) {
 	v := os.Getenv(EnvVar)
 	if strings.TrimSpace(v) == "" {
@@ -93,12 +108,16 @@ func WithDrainerOptions(o amqp.DrainerOptions) Option {
 	return func(opts *options) { opts.drainer = o }
 }
 
-// WithLegacyOptions tunes legacy mode. Other modes ignore it.
+// WithLegacyOptions tunes legacy mode, and LegacyAutoDrain (which sets
+// AutoDrain whatever o says). Other modes ignore it.
 func WithLegacyOptions(o amqp.LegacyOptions) Option {
 	return func(opts *options) { opts.legacy = o }
 }
 
-// ReadPath returns the amqp.Config.ReadPath of mode: nil for Upstream.
+// ReadPath returns the amqp.Config.ReadPath of mode. For Upstream it is
+// amqp.Upstream(), not nil, so that an explicit choice of upstream's reader
+// holds whatever process default (amqp.SetDefaultReadPath,
+// AMQP091_READ_MODE) is set.
 func ReadPath(mode Mode, opts ...Option) (amqp.ReadPath, error) {
 	var o options
 	for _, opt := range opts {
@@ -106,9 +125,13 @@ func ReadPath(mode Mode, opts ...Option) (amqp.ReadPath, error) {
 	}
 	switch mode {
 	case Upstream:
-		return nil, nil
+		return amqp.Upstream(), nil
 	case Legacy:
 		return amqp.Legacy(o.legacy), nil
+	case LegacyAutoDrain:
+		l := o.legacy
+		l.AutoDrain = true
+		return amqp.Legacy(l), nil
 	case Drainer:
 		return amqp.Drainer(o.drainer), nil
 	default:

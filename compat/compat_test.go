@@ -20,6 +20,7 @@ func TestParseMode(t *testing.T) {
 		"upstream": compat.Upstream, "UPSTREAM": compat.Upstream,
 		"legacy": compat.Legacy, " Legacy ": compat.Legacy,
 		"drainer": compat.Drainer, "Drainer": compat.Drainer,
+		"legacy-autodrain": compat.LegacyAutoDrain, "Legacy-AutoDrain": compat.LegacyAutoDrain,
 	} {
 		got, err := compat.ParseMode(in)
 		if err != nil || got != want {
@@ -31,14 +32,14 @@ func TestParseMode(t *testing.T) {
 	}
 	for _, bad := range []string{"", "drain", "upstream2", "1"} {
 		_, err := compat.ParseMode(bad)
-		if err == nil || !strings.Contains(err.Error(), "upstream, legacy, drainer") {
+		if err == nil || !strings.Contains(err.Error(), "upstream, legacy, drainer, legacy-autodrain") {
 			t.Errorf("ParseMode(%q) = %v, want an error naming the valid values", bad, err)
 		}
 	}
 }
 
 func TestModeFromEnv(t *testing.T) {
-	for env, want := range map[string]compat.Mode{"": compat.Upstream, "  ": compat.Upstream, "drainer": compat.Drainer, "LEGACY": compat.Legacy} {
+	for env, want := range map[string]compat.Mode{"": compat.Upstream, "  ": compat.Upstream, "drainer": compat.Drainer, "LEGACY": compat.Legacy, "legacy-autodrain": compat.LegacyAutoDrain} {
 		t.Setenv(compat.EnvVar, env)
 		if got, err := compat.ModeFromEnv(); err != nil || got != want {
 			t.Errorf("%s=%q: ModeFromEnv = %v, %v; want %v", compat.EnvVar, env, got, err, want)
@@ -53,7 +54,7 @@ func TestModeFromEnv(t *testing.T) {
 // TestDialInEveryMode dials the broker in each mode, honouring the config
 // (heartbeat, properties, recovery), and does one round trip.
 func TestDialInEveryMode(t *testing.T) {
-	for _, mode := range []compat.Mode{compat.Upstream, compat.Legacy, compat.Drainer} {
+	for _, mode := range []compat.Mode{compat.Upstream, compat.Legacy, compat.Drainer, compat.LegacyAutoDrain} {
 		t.Run(mode.String(), func(t *testing.T) {
 			cfg := amqp.Config{
 				Heartbeat:  5 * time.Second,

@@ -21,7 +21,7 @@ func ExampleDial() {
 
 // The mode can come from the environment, so one binary runs in any mode.
 func ExampleModeFromEnv() {
-	mode, err := compat.ModeFromEnv() // AMQP091_READ_MODE: upstream, legacy or drainer
+	mode, err := compat.ModeFromEnv() // AMQP091_READ_MODE: upstream, legacy, drainer, legacy-autodrain
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -43,4 +43,15 @@ func ExampleDialConfig() {
 		log.Fatal(err)
 	}
 	defer conn.Close()
+}
+
+// LegacyAutoDrain is legacy mode for code that never calls DrainEvents: a
+// goroutine per connection drains, and ends at Close.
+func ExampleLegacyAutoDrain() {
+	conn, err := compat.Dial("amqp://guest:guest@127.0.0.1:5672/", compat.LegacyAutoDrain)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	log.Print(conn.ReadMode()) // "legacy-autodrain"
 }

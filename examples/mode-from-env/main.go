@@ -1,6 +1,6 @@
 // Command mode-from-env picks its read mode from AMQP091_READ_MODE
-// (upstream, legacy or drainer; unset means upstream), so the same binary
-// runs in any mode without a code change.
+// (upstream, legacy, drainer or legacy-autodrain; unset means upstream),
+// so the same binary runs in any mode without a code change.
 //
 //	AMQP091_READ_MODE=drainer go run ./examples/mode-from-env
 package main

@@ -47,6 +47,19 @@ type LegacyOptions struct {
 	// CloseTimeout bounds how long Close waits for close-ok before it
 	// closes the socket. Zero means 5 seconds.
 	CloseTimeout time.Duration
+
+	// AutoDrain adds what a legacy application must otherwise write
+	// itself to receive deliveries, confirms, notifications and
+	// heartbeats: a goroutine per connection generation that loops
+	// DrainEvents (autodrain.go). It lets a program that never calls
+	// DrainEvents, such as a library dialling with the process default
+	// (AMQP091_READ_MODE=legacy-autodrain), run in legacy mode. The
+	// goroutine ends at Close or with its generation; recovery starts
+	// another for the next. The connection's ReadMode is
+	// "legacy-autodrain". A publish may wait up to autoDrainWait (50 ms)
+	// for the transport lock while the loop sits in a read on a quiet
+	// connection: legacy's own cost, which drainer mode does not have.
+	AutoDrain bool
 }
 
 // Legacy returns the ReadPath of legacy (caller-drives-read) mode; set it
@@ -60,7 +73,17 @@ func Legacy(opts LegacyOptions) ReadPath {
 
 type legacyMode struct{ opts LegacyOptions }
 
-func (legacyMode) Mode() string { return "legacy" }
+func (m legacyMode) Mode() string { return legacyModeName(m.opts) }
+
+// legacyModeName is the ReadMode of a legacy connection: auto-drain is
+// named apart, because code that branches on "legacy" is deciding whether
+// it must drain.
+func legacyModeName(opts LegacyOptions) string {
+	if opts.AutoDrain {
+		return "legacy-autodrain"
+	}
+	return "legacy"
+}
 
 func (m legacyMode) attach(c *Connection) readPath {
 	l := &legacyConn{
@@ -119,7 +142,7 @@ type legacyGen struct {
 	genEnd // how the generation ends
 }
 
-func (l *legacyConn) mode() string                          { return "legacy" }
+func (l *legacyConn) mode() string                          { return legacyModeName(l.opts) }
 func (l *legacyConn) rpcCap() int                           { return chanRPCCap }
 func (l *legacyConn) deliveryBudget() *budget               { return nil }
 func (l *legacyConn) confirmWaiter() confirmPump            { return l.confirmPump }
@@ -170,6 +193,9 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	l.c.m.Lock()
 	l.c.rpc = g.rpc
 	l.c.m.Unlock()
+	if l.opts.AutoDrain {
+		go l.autoDrain(g)
+	}
 }
 
 // lockedWriter makes every write to the socket take the transport lock.
@@ -548,6 +574,12 @@ func (l *legacyConn) drain(ctx context.Context) error {
 	if g == nil {
 		return ErrClosed
 	}
+	return l.drainGen(ctx, g)
+}
+
+// drainGen is drain on generation g, which the auto-drain loop of g keeps
+// to, so that it never reads a later generation's socket.
+func (l *legacyConn) drainGen(ctx context.Context, g *legacyGen) error {
 	for {
 		select {
 		case <-l.calledC:

@@ -23,13 +23,13 @@ func TestConsumeFuncForgetsItsCloseListener(t *testing.T) {
 	if conn == nil {
 		t.Fatal("no broker")
 	}
-	if l, ok := conn.rp.(*legacyConn); ok {
+	if l, ok := conn.rp.(*legacyConn); ok && !l.opts.AutoDrain {
 		// Pure legacy mode: deliveries need a drain loop, which ends
 		// when the connection is closed.
 		drained := make(chan struct{})
 		go func() {
 			defer close(drained)
-			autoDrain(conn, l)
+			l.autoDrain(l.current())
 		}()
 		defer func() { <-drained }()
 	}

@@ -22,7 +22,9 @@ import (
 // channel.go; each hook is a nil check, so a Connection without a read path
 // runs upstream's statements unchanged:
 //
-//  1. Open and Reconnect call startReader where upstream runs `go c.reader`.
+//  1. Open calls startAndOpen (readmode.go), which chooses the read path
+//     and calls startReader, where upstream runs `go c.reader` and then
+//     c.open; Reconnect calls startReader where upstream runs `go c.reader`.
 //  2. openTune calls startHeartbeater where upstream runs `go c.heartbeater`.
 //  3. Connection.call and Channel.call hand the wait for a reply to
 //     connCall and chanCall, after the request has been sent.
@@ -110,14 +112,18 @@ type readPath interface {
 	shutdown(err *Error)
 }
 
-// defaultReadPath serves connections whose Config.ReadPath is nil. It is nil
-// in every production build; only a test-only file may set it, to force a
-// read mode on upstream's own test suite.
+// defaultReadPath serves connections whose Config.ReadPath is nil when no
+// SetDefaultReadPath value is set (readmode.go gives the whole order). It
+// is nil in every production build; only a test-only file may set it (and
+// defaultReadPathForced), to force a read mode on upstream's own test
+// suite.
 var defaultReadPath ReadPath
 
 // ReadMode reports which read path serves this connection: "upstream" for
-// upstream's reader goroutine, the default, or else the Mode of the
-// Config.ReadPath the connection was opened with.
+// upstream's reader goroutine, or else the Mode of the read path chosen
+// when the connection was opened, Config.ReadPath or the process default
+// (SetDefaultReadPath, AMQP091_READ_MODE): "drainer", "legacy" or
+// "legacy-autodrain".
 func (c *Connection) ReadMode() string {
 	if c.rp == nil {
 		return "upstream"
@@ -127,18 +133,9 @@ func (c *Connection) ReadMode() string {
 
 // startReader starts reading a new connection generation: the read path's
 // own reader when there is one, upstream's reader goroutine otherwise.
+// Open chose c.rp (startAndOpen, readmode.go); Reconnect keeps it, so a
+// connection never changes mode between generations.
 func (c *Connection) startReader(conn io.ReadWriteCloser) {
-	if c.rp == nil {
-		rp := c.Config.ReadPath
-		if rp == nil {
-			rp = defaultReadPath
-		}
-		if rp != nil {
-			// Open calls this before c escapes to another goroutine, and
-			// Reconnect finds c.rp already set, so no lock is needed.
-			c.rp = rp.attach(c)
-		}
-	}
 	if c.rp == nil {
 		go c.reader(conn)
 		return
