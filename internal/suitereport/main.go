@@ -23,7 +23,9 @@
 // is a test that passed or skipped in the baseline and did not run here (a
 // build failure, a crash); only regressions, or a run that did not finish,
 // make the command exit 1.
-// -regressions writes their names, one per line, for a rerun.
+// -regressions writes their names, one per line, for a rerun. Tests named
+// in -exclude, which the run left out on purpose, are dropped from the
+// baseline.
 // -normalize-ids replaces test-name elements that are UUIDs with "*", for
 // suites that name subtests after a random ID (watermill's).
 //
@@ -89,7 +91,10 @@ func main() {
 	code, err := run(*jsonFile, *oursDir, *write, *reference, *exclude, *label, os.Stdout)
 	if err == nil && *baseline != "" {
 		var c int
-		c, err = judge(*jsonFile, *baseline, *regressions, os.Stdout)
+		var excluded map[string]bool
+		if excluded, err = excludedTests(*exclude); err == nil {
+			c, err = judge(*jsonFile, *baseline, *regressions, excluded, os.Stdout)
+		}
 		// Against a baseline, failures that the baseline shares are not
 		// judged: only judge decides, with run's verdict on an unfinished run.
 		if code == 1 && c == 0 {
@@ -283,7 +288,7 @@ func printRepeated(out io.Writer, rs []outcome) {
 // reports, apart, the failures the baseline shares (not judged) and the
 // regressions: tests that failed here and passed in the baseline or have no
 // outcome there. It exits 1 when there is a regression.
-func judge(jsonFile, baseline, regressionsFile string, out io.Writer) (int, error) {
+func judge(jsonFile, baseline, regressionsFile string, excluded map[string]bool, out io.Writer) (int, error) {
 	f, err := os.Open(jsonFile)
 	if err != nil {
 		return 0, err
@@ -299,7 +304,7 @@ func judge(jsonFile, baseline, regressionsFile string, out io.Writer) (int, erro
 	}
 	base := map[string]string{}
 	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") {
+		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") && !excluded[strings.SplitN(f[1], "/", 2)[0]] {
 			base[f[1]] = strings.ToLower(f[0])
 		}
 	}

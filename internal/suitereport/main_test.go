@@ -44,7 +44,7 @@ func TestJudgeAgainstBaseline(t *testing.T) {
 	run := writeRun(t, true, "fail TestShared", "fail TestNew", "pass TestFixed", "fail TestUnknown", "pass TestSkipped")
 	regressions := filepath.Join(dir, "regressed")
 	var out strings.Builder
-	code, err := judge(run, baseline, regressions, &out)
+	code, err := judge(run, baseline, regressions, nil, &out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,8 +65,15 @@ func TestJudgeAgainstBaseline(t *testing.T) {
 
 	run = writeRun(t, true, "fail TestShared", "pass TestNew", "pass TestGone", "pass TestSkipped", "pass TestFixed")
 	out.Reset()
-	if code, err := judge(run, baseline, "", &out); err != nil || code != 0 {
+	if code, err := judge(run, baseline, "", nil, &out); err != nil || code != 0 {
 		t.Errorf("judge = %d, %v; want 0 (only a shared failure)\n%s", code, err, &out)
+	}
+
+	// A test left out on purpose (-exclude) is not missed.
+	run = writeRun(t, true, "fail TestShared", "pass TestNew", "pass TestSkipped", "pass TestFixed")
+	out.Reset()
+	if code, err := judge(run, baseline, "", map[string]bool{"TestGone": true}, &out); err != nil || code != 0 {
+		t.Errorf("judge with TestGone excluded = %d, %v; want 0\n%s", code, err, &out)
 	}
 }
 
