@@ -5,7 +5,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine actionlint modfiles reliability soak
+.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
@@ -46,6 +46,12 @@ upstream-tests: vendor
 ## upstream-tests-pristine: the same suite on the pristine release; rewrites the reference
 upstream-tests-pristine:
 	scripts/upstream-tests --tree pristine --write-reference
+
+## thirdparty: watermill-amqp's and gocloud rabbitpubsub's suites at full size in pristine, default and drainer modes, judged against pristine (make test runs them at short sizes);
+## legacy-autodrain at short sizes only: at full size its legacy stall makes watermill's suite run for over an hour (README, "Works under")
+thirdparty: vendor
+	scripts/thirdparty-tests --full --mode default --mode drainer
+	scripts/thirdparty-tests --subset --mode legacy-autodrain
 
 ## actionlint: lint the GitHub workflows
 actionlint:

@@ -5,6 +5,7 @@
 // Usage:
 //
 //	suitereport -json run.json [-ours DIR] [-write FILE] [-reference FILE] [-exclude FILE] [-label TEXT]
+//	suitereport -json run.json -baseline FILE [-regressions FILE] [-normalize-ids] [-write FILE] [-label TEXT]
 //
 // Each outcome line is "PASS|FAIL|SKIP TestName[/subtest]". Tests declared
 // in the *_test.go files of -ours (our overlay) are reported apart, so the
@@ -13,6 +14,23 @@
 // as the read modes that cannot run them list them) are left out of the
 // comparison. The command exits 1 when a test failed, when the run did not
 // finish, or when the list differs from -reference.
+//
+// -baseline judges a run against the outcome list of a reference run (the
+// third-party suites, scripts/thirdparty-tests, judge each read mode
+// against the pristine release this way): a test that failed in the
+// baseline too is reported and not judged; a test that failed here but
+// passed in the baseline, or has no outcome there, is a regression, and so
+// is a test that passed or skipped in the baseline and did not run here (a
+// build failure, a crash); only regressions, or a run that did not finish,
+// make the command exit 1.
+// -regressions writes their names, one per line, for a rerun. Tests named
+// in -exclude, which the run left out on purpose, are dropped from the
+// baseline.
+// -normalize-ids replaces test-name elements that are UUIDs with "*", for
+// suites that name subtests after a random ID (watermill's).
+//
+// A test that ran more than once (go test -count=N) is failed when any of
+// its runs failed, and the summary says how many of its runs failed.
 package main
 
 import (
@@ -26,6 +44,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -42,9 +61,11 @@ type event struct {
 
 type outcome struct {
 	name    string
-	action  string // pass, fail or skip
+	action  string // pass, fail or skip; fail when any run failed
 	elapsed float64
 	tail    []string // the test's last output lines, kept for failures
+	runs    int      // how many times it ran (go test -count)
+	fails   int      // how many of those runs failed
 }
 
 // tailLines is how much of a failed test's output the summary repeats: CI
@@ -58,8 +79,29 @@ func main() {
 	reference := flag.String("reference", "", "compare the outcome list with this file")
 	label := flag.String("label", "upstream suite", "what the summary line names")
 	exclude := flag.String("exclude", "", "file of tests (\"TestName reason\" per line) left out of the comparison")
+	baseline := flag.String("baseline", "", "judge failures against this outcome list: only tests that passed there count")
+	regressions := flag.String("regressions", "", "with -baseline: write the regressed tests' names to this file")
+	normalize := flag.Bool("normalize-ids", false, "replace UUID elements of test names with *")
 	flag.Parse()
+	if *regressions != "" && *baseline == "" {
+		fmt.Fprintln(os.Stderr, "suitereport: -regressions needs -baseline")
+		os.Exit(2)
+	}
+	normalizeIDs = *normalize
 	code, err := run(*jsonFile, *oursDir, *write, *reference, *exclude, *label, os.Stdout)
+	if err == nil && *baseline != "" {
+		var c int
+		var excluded map[string]bool
+		if excluded, err = excludedTests(*exclude); err == nil {
+			c, err = judge(*jsonFile, *baseline, *regressions, excluded, os.Stdout)
+		}
+		// Against a baseline, failures that the baseline shares are not
+		// judged: only judge decides, with run's verdict on an unfinished run.
+		if code == 1 && c == 0 {
+			code = unfinished
+		}
+		code = max(code, c)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "suitereport:", err)
 		os.Exit(2)
@@ -121,11 +163,13 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 			}
 		}
 	}
-	if !finished {
-		fmt.Fprintln(out, "the test binary did not finish (crash, panic or timeout): see the raw output")
+	printRepeated(out, theirs)
+	if fail > 0 {
 		code = 1
 	}
-	if fail > 0 {
+	if !finished {
+		fmt.Fprintln(out, "the test binary did not finish (crash, panic or timeout): see the raw output")
+		unfinished = 1
 		code = 1
 	}
 	if reference != "" {
@@ -150,6 +194,30 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 	return code, nil
 }
 
+// normalizeIDs is -normalize-ids; unfinished is 1 once run saw a run that
+// did not finish (judge keeps that verdict).
+var (
+	normalizeIDs bool
+	unfinished   int
+)
+
+var uuidElem = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+
+// testName is a test2json test name, its UUID elements replaced with "*"
+// under -normalize-ids.
+func testName(name string) string {
+	if !normalizeIDs {
+		return name
+	}
+	parts := strings.Split(name, "/")
+	for i, p := range parts {
+		if uuidElem.MatchString(p) {
+			parts[i] = "*"
+		}
+	}
+	return strings.Join(parts, "/")
+}
+
 // parse reads test2json events; finished reports whether the package itself
 // reached a pass or fail verdict.
 func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, err error) {
@@ -166,6 +234,7 @@ func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, e
 		if first.IsZero() {
 			first = e.Time
 		}
+		e.Test = testName(e.Test)
 		last = e.Time
 		switch e.Action {
 		case "output":
@@ -181,9 +250,15 @@ func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, e
 				finished = true
 				continue
 			}
-			o := outcome{name: e.Test, action: e.Action, elapsed: e.Elapsed}
+			prev, seen := byName[e.Test]
+			o := outcome{name: e.Test, action: e.Action, elapsed: e.Elapsed, runs: prev.runs + 1, fails: prev.fails}
 			if e.Action == "fail" {
 				o.tail = output[e.Test]
+				o.fails++
+			} else if seen && prev.action == "fail" {
+				// a later run passed: the test stays failed, with the
+				// output of its last failed run.
+				o.action, o.tail = "fail", prev.tail
 			}
 			delete(output, e.Test)
 			byName[e.Test] = o
@@ -197,6 +272,99 @@ func parse(r io.Reader) (results []outcome, finished bool, wall time.Duration, e
 	}
 	sort.Slice(results, func(i, j int) bool { return results[i].name < results[j].name })
 	return results, finished, last.Sub(first), nil
+}
+
+// printRepeated says, for every test that ran more than once, how many of
+// its runs failed.
+func printRepeated(out io.Writer, rs []outcome) {
+	for _, r := range rs {
+		if r.runs > 1 {
+			fmt.Fprintf(out, "  %s: %d of %d runs failed\n", r.name, r.fails, r.runs)
+		}
+	}
+}
+
+// judge compares the run's failures with a baseline outcome list and
+// reports, apart, the failures the baseline shares (not judged) and the
+// regressions: tests that failed here and passed in the baseline or have no
+// outcome there. It exits 1 when there is a regression.
+func judge(jsonFile, baseline, regressionsFile string, excluded map[string]bool, out io.Writer) (int, error) {
+	f, err := os.Open(jsonFile)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	results, _, _, err := parse(f)
+	if err != nil {
+		return 0, err
+	}
+	data, err := os.ReadFile(baseline)
+	if err != nil {
+		return 0, err
+	}
+	base := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") && !excluded[strings.SplitN(f[1], "/", 2)[0]] {
+			base[f[1]] = strings.ToLower(f[0])
+		}
+	}
+	var shared, regressed, fixed []string
+	ran := map[string]bool{}
+	for _, r := range results {
+		ran[r.name] = true
+	}
+	for name, b := range base {
+		if !ran[name] && b != "fail" {
+			// a build failure or a crash runs nothing: that is no pass.
+			regressed = append(regressed, name+" (did not run here; "+b+" in the baseline)")
+		}
+	}
+	sort.Strings(regressed)
+	for _, r := range results {
+		switch {
+		case r.action == "fail" && base[r.name] == "fail":
+			shared = append(shared, r.name)
+		case r.action == "fail":
+			why := "passed in the baseline"
+			if b, ok := base[r.name]; !ok {
+				why = "no outcome in the baseline"
+			} else if b == "skip" {
+				why = "skipped in the baseline"
+			}
+			regressed = append(regressed, r.name+" ("+why+")")
+		case r.action == "pass" && base[r.name] == "fail":
+			fixed = append(fixed, r.name)
+		}
+	}
+	for _, l := range []struct {
+		head  string
+		names []string
+	}{
+		{"failed in the baseline too (not judged)", shared},
+		{"passed here, failed in the baseline", fixed},
+		{"REGRESSIONS (failed here only)", regressed},
+	} {
+		if len(l.names) > 0 {
+			fmt.Fprintf(out, "%s: %d\n", l.head, len(l.names))
+			for _, n := range l.names {
+				fmt.Fprintf(out, "  %s\n", n)
+			}
+		}
+	}
+	if regressionsFile != "" {
+		var b strings.Builder
+		for _, n := range regressed {
+			b.WriteString(strings.SplitN(n, " (", 2)[0] + "\n")
+		}
+		if err := os.WriteFile(regressionsFile, []byte(b.String()), 0o644); err != nil {
+			return 0, err
+		}
+	}
+	if len(regressed) > 0 {
+		return 1, nil
+	}
+	fmt.Fprintf(out, "no regression against the baseline %s\n", baseline)
+	return 0, nil
 }
 
 // printTail repeats a failed test's last output lines under its name.
