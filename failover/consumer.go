@@ -1,0 +1,196 @@
+package failover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// ConsumerOptions configure a Consumer. Dial and Queue are required.
+type ConsumerOptions struct {
+	Dial        DialFunc
+	Queue       string
+	Prefetch    int    // basic.qos prefetch count; default 100
+	ConsumerTag string // "" lets the broker name it
+	Backoff     Backoff
+	// CloseTimeout bounds closing a connection when Run returns. Default 5s.
+	CloseTimeout time.Duration
+	Logger       *slog.Logger
+	OnEvent      func(Event)
+}
+
+// ConsumerStats are cumulative counts.
+type ConsumerStats struct {
+	Deliveries  uint64 // handed to the handler
+	Acked       uint64
+	Nacked      uint64 // the handler failed: nacked with requeue
+	Redelivered uint64 // deliveries with Redelivered set
+	AckErrors   uint64 // acks or nacks that failed (the connection was gone)
+	Connects    uint64 // basic.consume succeeded
+	Failovers   uint64 // connections or channels lost while consuming
+}
+
+// Consumer consumes one queue with manual acks, re-consuming on a new
+// connection after every loss.
+type Consumer struct {
+	o  ConsumerOptions
+	n  notifier
+	mu sync.Mutex
+	st ConsumerStats
+}
+
+// NewConsumer checks o and returns a Consumer; Run does the work.
+func NewConsumer(o ConsumerOptions) (*Consumer, error) {
+	if o.Dial == nil {
+		return nil, errors.New("failover: ConsumerOptions.Dial is required")
+	}
+	if o.Queue == "" {
+		return nil, errors.New("failover: ConsumerOptions.Queue is required")
+	}
+	if o.Prefetch <= 0 {
+		o.Prefetch = 100
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 5 * time.Second
+	}
+	o.Backoff = o.Backoff.withDefaults()
+	return &Consumer{o: o, n: newNotifier(o.Logger, o.OnEvent)}, nil
+}
+
+// Consume is NewConsumer(o) then Run(ctx, handler).
+func Consume(ctx context.Context, o ConsumerOptions, handler func(ctx context.Context, d amqp.Delivery) error) error {
+	c, err := NewConsumer(o)
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx, handler)
+}
+
+// Stats returns a snapshot of the counters.
+func (c *Consumer) Stats() ConsumerStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.st
+}
+
+func (c *Consumer) count(f func(*ConsumerStats)) {
+	c.mu.Lock()
+	f(&c.st)
+	c.mu.Unlock()
+}
+
+// Run consumes until ctx ends, and returns ctx's error. handler runs for
+// one delivery at a time; nil acks the delivery, an error nacks it with
+// requeue. On a lost connection or channel Run redials, re-applies Qos and
+// consumes again; deliveries not acked before the loss are redelivered by
+// the broker (Redelivered set), so handlers must tolerate duplicates, which
+// the publisher's MessageId lets them detect.
+func (c *Consumer) Run(ctx context.Context, handler func(ctx context.Context, d amqp.Delivery) error) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	failures := 0
+	for {
+		conn, err := dialLoop(ctx, c.o.Dial, c.o.Backoff, c.n)
+		if err != nil {
+			return err
+		}
+		drain := startDrainLoop(conn, &wg)
+		err = c.session(ctx, conn, drain, handler)
+		// On a loss, abandon; the broker requeues what was not acked.
+		deadline := time.Now()
+		if ctx.Err() != nil {
+			deadline = deadline.Add(c.o.CloseTimeout)
+		}
+		closeConn(conn, drain, deadline)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.count(func(s *ConsumerStats) { s.Failovers++ })
+		c.n.log.Warn("failover: consumer lost its connection", "err", err)
+		c.n.emit(Event{Kind: EventConnectionLost, Err: err})
+		if errors.Is(err, errSetup) {
+			failures++
+			if !sleepCtx(ctx, c.o.Backoff.delay(failures)) {
+				return ctx.Err()
+			}
+		} else {
+			failures = 0
+		}
+	}
+}
+
+var errSetup = errors.New("failover: consumer setup failed")
+
+// setupTimeout bounds channel.open, basic.qos and basic.consume.
+const setupTimeout = 10 * time.Second
+
+// session consumes on conn until the deliveries end or ctx does.
+func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *drainLoop, handler func(ctx context.Context, d amqp.Delivery) error) error {
+	stop := context.AfterFunc(ctx, func() { closeConn(conn, drain, time.Now()) })
+	timer := time.AfterFunc(setupTimeout, func() { closeConn(conn, drain, time.Now()) })
+	release := drain.hold()
+	deliveries, err := c.setup(conn)
+	release()
+	stop()
+	timer.Stop()
+	if err != nil {
+		return fmt.Errorf("%w: %w", errSetup, err)
+	}
+	c.count(func(s *ConsumerStats) { s.Connects++ })
+	c.n.emit(Event{Kind: EventConsuming})
+	for {
+		var d amqp.Delivery
+		var ok bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case d, ok = <-deliveries:
+		}
+		if !ok {
+			return fmt.Errorf("failover: deliveries ended: %w", amqp.ErrClosed)
+		}
+		c.count(func(s *ConsumerStats) {
+			s.Deliveries++
+			if d.Redelivered {
+				s.Redelivered++
+			}
+		})
+		if d.Redelivered {
+			c.n.emit(Event{Kind: EventRedelivered, MessageID: d.MessageId})
+		}
+		herr := handler(ctx, d)
+		release := drain.hold()
+		if herr == nil {
+			err = d.Ack(false)
+		} else {
+			err = d.Nack(false, true)
+		}
+		release()
+		c.count(func(s *ConsumerStats) {
+			switch {
+			case err != nil:
+				s.AckErrors++
+			case herr == nil:
+				s.Acked++
+			default:
+				s.Nacked++
+			}
+		})
+	}
+}
+
+func (c *Consumer) setup(conn *amqp.Connection) (<-chan amqp.Delivery, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Qos(c.o.Prefetch, 0, false); err != nil {
+		return nil, err
+	}
+	return ch.Consume(c.o.Queue, c.o.ConsumerTag, false, false, false, false, nil)
+}

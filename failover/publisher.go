@@ -1,0 +1,764 @@
+package failover
+
+import (
+	"container/list"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// PublisherOptions configure a Publisher. Only Dial is required.
+type PublisherOptions struct {
+	// Dial opens each connection; see DialFunc for the endpoint order.
+	Dial DialFunc
+
+	// MaxOutstanding bounds the messages accepted and not yet settled
+	// (confirmed, failed or abandoned by their caller). Publish blocks,
+	// bounded by its ctx, at the limit. Default 1000.
+	MaxOutstanding int
+
+	// ConfirmTimeout: when the oldest unconfirmed message on the current
+	// channel has waited this long, the connection is abandoned (closed
+	// without waiting for the broker) and its unconfirmed messages are
+	// republished on the next one. 0 disables the watchdog.
+	ConfirmTimeout time.Duration
+
+	// MaxAttempts bounds how many times one message is published (first
+	// publish, republishes after nacks and failovers). The attempt after
+	// which it is nacked or lost once more fails its Publish with ErrNacked
+	// or ErrGaveUp. Default 10.
+	MaxAttempts int
+
+	// KeepChannelOnNack republishes a nacked message on the same channel.
+	// By default (false) a nack retires the channel: a new channel on the
+	// same connection takes over, and every unconfirmed message of the old
+	// one is republished on it. That is what ends RabbitMQ's nack storm
+	// after a quorum-queue leader election (see the package doc).
+	KeepChannelOnNack bool
+
+	// Backoff paces redials.
+	Backoff Backoff
+
+	// SetupTimeout bounds opening a channel and confirm.select on a new
+	// connection; past it the connection is abandoned. Default 10s.
+	SetupTimeout time.Duration
+
+	// CloseTimeout bounds Close. Default 5s.
+	CloseTimeout time.Duration
+
+	// Logger receives warnings about failovers; nil is silent.
+	Logger *slog.Logger
+
+	// OnEvent, if set, is called for every Event, synchronously.
+	OnEvent func(Event)
+}
+
+// PublisherStats are cumulative counts.
+type PublisherStats struct {
+	Published      uint64 // basic.publish frames written, republishes included
+	Confirmed      uint64 // messages acked by the broker
+	Nacks          uint64 // basic.nack received
+	Republished    uint64 // publishes of a message that had gone out before
+	Failovers      uint64 // connections lost or abandoned while in use
+	ChannelReopens uint64 // channels replaced on the same connection
+	Abandons       uint64 // connections abandoned by the ConfirmTimeout watchdog
+	Failed         uint64 // messages that failed with ErrNacked or ErrGaveUp
+	Connects       uint64 // connections set up (channel in confirm mode)
+	Outstanding    int    // messages accepted and not yet settled, now
+}
+
+// Publisher publishes with publisher confirms over a connection that it
+// replaces when it fails. See the package doc for the guarantees.
+type Publisher struct {
+	o      PublisherOptions
+	n      notifier
+	ctx    context.Context // ends at Close
+	cancel context.CancelFunc
+	slots  chan struct{}
+	wake   chan struct{} // cap 1: the sender has work
+	done   chan struct{} // the manager returned
+
+	idPrefix string
+	idSeq    atomic.Uint64
+
+	closeOnce sync.Once
+	closeErr  error
+	wg        sync.WaitGroup // every goroutine but the manager
+
+	mu     sync.Mutex
+	closed bool
+	queue  *list.List // *message waiting to be published
+	cur    *chanGen
+	stats  PublisherStats
+	conn   *connGen // the current connection, for Close
+}
+
+type message struct {
+	exchange, key string
+	mandatory     bool
+	msg           amqp.Publishing
+	done          chan error // cap 1
+
+	attempts  int
+	lastNack  bool
+	cancelled bool // the caller stopped waiting
+	settled   bool
+	qelem     *list.Element // in p.queue
+	gen       *chanGen      // in gen.inflight
+	tag       uint64
+	sentAt    time.Time
+	oelem     *list.Element // in gen.order
+}
+
+// connGen is one connection.
+type connGen struct {
+	conn  *amqp.Connection
+	drain *drainLoop
+	lost  chan *amqp.Error
+}
+
+// chanGen is one channel generation: its delivery tags mean something
+// only to it.
+type chanGen struct {
+	cg       *connGen
+	ch       *amqp.Channel
+	inflight map[uint64]*message
+	order    *list.List // inflight messages in publish order, oldest first
+	dead     bool
+	failed   chan struct{} // closed by fail
+	failErr  error
+	nacked   bool // failed because of a nack: reopen the channel
+}
+
+// fail ends g's use, once; the manager then retires it. Caller holds p.mu.
+func (g *chanGen) fail(err error, nack bool) {
+	if g.failErr != nil || g.dead {
+		return
+	}
+	g.failErr, g.nacked = err, nack
+	close(g.failed)
+}
+
+// NewPublisher dials the first connection (bounded by ctx) and returns a
+// Publisher that keeps one open until Close.
+func NewPublisher(ctx context.Context, o PublisherOptions) (*Publisher, error) {
+	if o.Dial == nil {
+		return nil, errors.New("failover: PublisherOptions.Dial is required")
+	}
+	if o.MaxOutstanding <= 0 {
+		o.MaxOutstanding = 1000
+	}
+	if o.MaxAttempts <= 0 {
+		o.MaxAttempts = 10
+	}
+	if o.SetupTimeout <= 0 {
+		o.SetupTimeout = 10 * time.Second
+	}
+	if o.CloseTimeout <= 0 {
+		o.CloseTimeout = 5 * time.Second
+	}
+	o.Backoff = o.Backoff.withDefaults()
+	var idb [6]byte
+	_, _ = rand.Read(idb[:])
+	pctx, cancel := context.WithCancel(context.Background())
+	p := &Publisher{
+		o:        o,
+		n:        newNotifier(o.Logger, o.OnEvent),
+		ctx:      pctx,
+		cancel:   cancel,
+		slots:    make(chan struct{}, o.MaxOutstanding),
+		wake:     make(chan struct{}, 1),
+		done:     make(chan struct{}),
+		idPrefix: hex.EncodeToString(idb[:]) + "-",
+		queue:    list.New(),
+	}
+	// The first connection is set up here, so that a wrong URL fails
+	// NewPublisher instead of retrying forever.
+	first, err := p.o.Dial(ctx)
+	if err == nil && first == nil {
+		err = errors.New("failover: DialFunc returned no connection and no error")
+	}
+	if err == nil && first.IsRecoveryEnabled() {
+		abandon(first)
+		err = ErrRecoveryEnabled
+	}
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("failover: first dial: %w", err)
+	}
+	cg := p.startConn(first)
+	stop := context.AfterFunc(ctx, func() { closeConn(cg.conn, cg.drain, time.Now()) })
+	g, err := p.openChannel(cg)
+	stop()
+	if err != nil {
+		p.retireConn(cg)
+		cancel()
+		p.wg.Wait()
+		return nil, fmt.Errorf("failover: first channel: %w", err)
+	}
+	go p.run(cg, g)
+	return p, nil
+}
+
+// Publish publishes msg and waits for the broker's confirmation.
+//
+// It returns nil once the broker confirmed msg; an error wrapping ErrNacked
+// or ErrGaveUp once it failed MaxAttempts times; ctx's error
+// (errors.Is(err, ctx.Err())) if ctx ends first, in which case the message
+// may or may not have reached the queue; and an error that Is
+// amqp.ErrClosed after Close. An empty msg.MessageId is replaced by a
+// unique one, which every republish of the message keeps. Safe for
+// concurrent use.
+func (p *Publisher) Publish(ctx context.Context, exchange, key string, mandatory bool, msg amqp.Publishing) error {
+	if err := validate(exchange, key, &msg); err != nil {
+		return err
+	}
+	if msg.MessageId == "" {
+		msg.MessageId = p.idPrefix + fmt.Sprint(p.idSeq.Add(1))
+	}
+	select {
+	case p.slots <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("failover: publish: waiting for one of %d outstanding slots: %w", p.o.MaxOutstanding, ctx.Err())
+	case <-p.ctx.Done():
+		return errClosed
+	}
+	m := &message{exchange: exchange, key: key, mandatory: mandatory, msg: msg, done: make(chan error, 1)}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		<-p.slots
+		return errClosed
+	}
+	m.qelem = p.queue.PushBack(m)
+	p.stats.Outstanding++
+	p.mu.Unlock()
+	p.kick()
+
+	select {
+	case err := <-m.done:
+		return err
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m.settled {
+		return <-m.done
+	}
+	m.cancelled = true
+	if m.qelem != nil { // not on the wire: drop it
+		p.queue.Remove(m.qelem)
+		m.qelem = nil
+		p.settle(m, nil)
+	}
+	return fmt.Errorf("failover: publish of message %s: %w", msg.MessageId, ctx.Err())
+}
+
+// validate refuses what would fail the connection rather than the message:
+// upstream shuts a connection down on a short string over 255 octets.
+func validate(exchange, key string, msg *amqp.Publishing) error {
+	if err := msg.Headers.Validate(); err != nil {
+		return fmt.Errorf("failover: publish: %w", err)
+	}
+	for name, s := range map[string]string{
+		"exchange": exchange, "routing key": key, "ContentType": msg.ContentType,
+		"ContentEncoding": msg.ContentEncoding, "CorrelationId": msg.CorrelationId,
+		"ReplyTo": msg.ReplyTo, "Expiration": msg.Expiration, "MessageId": msg.MessageId,
+		"Type": msg.Type, "UserId": msg.UserId, "AppId": msg.AppId,
+	} {
+		if len(s) > 255 {
+			return fmt.Errorf("failover: publish: %s is %d octets, the limit is 255", name, len(s))
+		}
+	}
+	return nil
+}
+
+func (p *Publisher) kick() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// settle ends m with err and frees its slot. Caller holds p.mu.
+func (p *Publisher) settle(m *message, err error) {
+	if m.settled {
+		return
+	}
+	m.settled = true
+	m.done <- err
+	p.stats.Outstanding--
+	<-p.slots
+}
+
+// requeue puts m, taken off the wire, back to be published again, or
+// fails it after MaxAttempts. Caller holds p.mu.
+func (p *Publisher) requeue(m *message, cause error, front bool) {
+	m.gen, m.oelem = nil, nil
+	switch {
+	case m.cancelled:
+		p.settle(m, nil)
+	case m.attempts >= p.o.MaxAttempts:
+		sentinel := ErrGaveUp
+		if m.lastNack {
+			sentinel = ErrNacked
+		}
+		err := fmt.Errorf("%w: message %s after %d attempts, last: %v", sentinel, m.msg.MessageId, m.attempts, cause)
+		p.stats.Failed++
+		p.n.log.Warn("failover: message failed", "id", m.msg.MessageId, "err", err)
+		p.n.emit(Event{Kind: EventFailed, MessageID: m.msg.MessageId, Err: err})
+		p.settle(m, err)
+	case front:
+		m.qelem = p.queue.PushFront(m)
+	default:
+		m.qelem = p.queue.PushBack(m)
+	}
+}
+
+// Stats returns a snapshot of the counters.
+func (p *Publisher) Stats() PublisherStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// Close stops the publisher within CloseTimeout: pending Publish calls
+// return an error that Is amqp.ErrClosed, and the connection is closed
+// (waiting at most CloseTimeout for the broker's close-ok). Messages not
+// yet confirmed may still reach their queue. It returns an error if some
+// goroutine did not end in time; a second Close returns amqp.ErrClosed.
+func (p *Publisher) Close() error {
+	first := false
+	p.closeOnce.Do(func() {
+		first = true
+		deadline := time.Now().Add(p.o.CloseTimeout)
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		p.cancel()
+		<-p.done // the manager never blocks on the network
+		p.mu.Lock()
+		conn := p.conn
+		p.conn = nil
+		if g := p.cur; g != nil {
+			p.retireLocked(g, errClosed)
+		}
+		for e := p.queue.Front(); e != nil; e = p.queue.Front() {
+			m := p.queue.Remove(e).(*message)
+			m.qelem = nil
+			p.settle(m, errClosed)
+		}
+		p.mu.Unlock()
+		if conn != nil {
+			// CloseDeadline's deadline bounds the close handshake in
+			// upstream mode only: drainer and legacy modes wait for
+			// close-ok up to their own CloseTimeout (5 s by default)
+			// whatever the deadline. So it runs aside, and Close returns
+			// at its own deadline regardless.
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				closeConn(conn.conn, conn.drain, deadline)
+			}()
+		}
+		ended := make(chan struct{})
+		go func() { p.wg.Wait(); close(ended) }()
+		t := time.NewTimer(time.Until(deadline) + 50*time.Millisecond)
+		defer t.Stop()
+		select {
+		case <-ended:
+		case <-t.C:
+			p.closeErr = fmt.Errorf("failover: Close: the connection did not close within CloseTimeout (%v); it is being closed in the background, bounded by its read mode's own close timeout", p.o.CloseTimeout)
+		}
+	})
+	if !first {
+		return amqp.ErrClosed
+	}
+	return p.closeErr
+}
+
+// startConn starts what a new connection needs: its drain loop in legacy
+// mode, and a close listener.
+func (p *Publisher) startConn(conn *amqp.Connection) *connGen {
+	cg := &connGen{conn: conn, drain: startDrainLoop(conn, &p.wg)}
+	cg.lost = conn.NotifyClose(make(chan *amqp.Error, 1))
+	p.mu.Lock()
+	p.conn = cg
+	p.mu.Unlock()
+	return cg
+}
+
+// retireConn abandons cg's connection in the background: CloseDeadline
+// with a deadline of now returns at once in every read mode, but it is not
+// worth betting the failover on.
+func (p *Publisher) retireConn(cg *connGen) {
+	p.mu.Lock()
+	if p.conn == cg {
+		p.conn = nil
+	}
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		d := closeConn(cg.conn, cg.drain, time.Now())
+		p.n.emit(Event{Kind: EventAbandoned, Latency: d})
+	}()
+}
+
+// openChannel opens a channel in confirm mode on cg and starts its
+// listener and sender. It is bounded by SetupTimeout and by Close: either
+// abandons the connection, which fails the RPC.
+func (p *Publisher) openChannel(cg *connGen) (*chanGen, error) {
+	timer := time.AfterFunc(p.o.SetupTimeout, func() { closeConn(cg.conn, cg.drain, time.Now()) })
+	stop := context.AfterFunc(p.ctx, func() { closeConn(cg.conn, cg.drain, time.Now()) })
+	release := cg.drain.hold()
+	ch, err := cg.conn.Channel()
+	if err == nil {
+		if err = ch.Confirm(false); err != nil {
+			_ = ch.Close()
+		}
+	}
+	release()
+	timer.Stop()
+	stop()
+	if err != nil {
+		return nil, err
+	}
+	g := &chanGen{
+		cg:       cg,
+		ch:       ch,
+		inflight: map[uint64]*message{},
+		order:    list.New(),
+		failed:   make(chan struct{}),
+	}
+	// Room for every confirmation that can be outstanding (one per
+	// message, since upstream expands multiple acks), so the listener
+	// never holds up the connection's reader.
+	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, p.o.MaxOutstanding+64))
+	closes := ch.NotifyClose(make(chan *amqp.Error, 1))
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		p.listen(g, confirms, closes)
+	}()
+	go func() {
+		defer p.wg.Done()
+		p.send(g)
+	}()
+	return g, nil
+}
+
+// listen settles g's messages from its confirmations until the channel
+// closes.
+func (p *Publisher) listen(g *chanGen, confirms <-chan amqp.Confirmation, closes <-chan *amqp.Error) {
+	for {
+		var c amqp.Confirmation
+		var ok bool
+		select {
+		case c, ok = <-confirms:
+		case <-p.ctx.Done():
+			// Closed: nothing is left to settle. The library closes
+			// confirms later, in some modes only after its own close
+			// timeout, and never blocks on it (the buffer has room).
+			return
+		}
+		if !ok {
+			break
+		}
+		p.mu.Lock()
+		m := g.inflight[c.DeliveryTag]
+		if m == nil { // the generation was retired, or a stray tag
+			p.mu.Unlock()
+			continue
+		}
+		delete(g.inflight, c.DeliveryTag)
+		g.order.Remove(m.oelem)
+		if c.Ack {
+			p.stats.Confirmed++
+			p.settle(m, nil)
+			p.mu.Unlock()
+			continue
+		}
+		p.stats.Nacks++
+		m.lastNack = true
+		id := m.msg.MessageId
+		p.requeue(m, fmt.Errorf("basic.nack of delivery tag %d", c.DeliveryTag), true)
+		if !p.o.KeepChannelOnNack {
+			g.fail(errors.New("failover: the broker nacked a message"), true)
+		}
+		p.mu.Unlock()
+		p.kick()
+		p.n.emit(Event{Kind: EventNack, MessageID: id})
+	}
+	// The channel closed: if the broker closed it, the manager replaces
+	// it (a closed connection is seen on its own listener).
+	var err error = amqp.ErrClosed
+	if e, ok := <-closes; ok && e != nil {
+		err = e
+	}
+	p.mu.Lock()
+	g.fail(fmt.Errorf("failover: channel closed: %w", err), false)
+	p.mu.Unlock()
+}
+
+// send publishes queued messages on g until g is retired or fails.
+func (p *Publisher) send(g *chanGen) {
+	for {
+		p.mu.Lock()
+		var m *message
+		for !g.dead && g.failErr == nil {
+			if e := p.queue.Front(); e != nil {
+				m = p.queue.Remove(e).(*message)
+				m.qelem = nil
+				break
+			}
+			p.mu.Unlock()
+			select {
+			case <-p.wake:
+			case <-g.failed:
+			case <-p.ctx.Done():
+				return
+			}
+			p.mu.Lock()
+		}
+		if m == nil {
+			p.mu.Unlock()
+			return
+		}
+		// Only this goroutine publishes on g.ch, so the tag is exact;
+		// it is recorded before the write so that the confirm, however
+		// fast, finds it.
+		tag := g.ch.GetNextPublishSeqNo()
+		m.gen, m.tag, m.sentAt = g, tag, time.Now()
+		m.attempts++
+		g.inflight[tag] = m
+		m.oelem = g.order.PushBack(m)
+		p.stats.Published++
+		if m.attempts > 1 {
+			p.stats.Republished++
+		}
+		p.mu.Unlock()
+
+		release := g.cg.drain.hold()
+		err := g.ch.PublishWithContext(p.ctx, m.exchange, m.key, m.mandatory, false, m.msg)
+		release()
+		if err != nil {
+			// The message stays in flight: retiring g requeues it.
+			p.mu.Lock()
+			g.fail(fmt.Errorf("failover: publish: %w", err), false)
+			p.mu.Unlock()
+			return
+		}
+		// More work is likely queued: do not wait for a wake-up.
+	}
+}
+
+// retireLocked ends g: its unconfirmed messages go back to the front of
+// the queue in publish order, and its tags are forgotten, so a late
+// confirmation of g settles nothing. Caller holds p.mu.
+func (p *Publisher) retireLocked(g *chanGen, cause error) int {
+	if g.dead {
+		return 0
+	}
+	g.dead = true
+	if g.failErr == nil {
+		close(g.failed)
+	}
+	if p.cur == g {
+		p.cur = nil
+	}
+	n := 0
+	for e := g.order.Back(); e != nil; e = g.order.Back() {
+		m := g.order.Remove(e).(*message)
+		delete(g.inflight, m.tag)
+		p.requeue(m, cause, true)
+		n++
+	}
+	return n
+}
+
+func (p *Publisher) retire(g *chanGen, cause error) {
+	p.mu.Lock()
+	n := p.retireLocked(g, cause)
+	p.mu.Unlock()
+	if n > 0 {
+		p.n.emit(Event{Kind: EventRepublish, Count: n})
+	}
+	p.kick()
+}
+
+// closeChannel closes a retired channel on a connection still in use, in
+// the background: its close-ok is bounded by the connection's end.
+func (p *Publisher) closeChannel(g *chanGen) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		release := g.cg.drain.hold()
+		_ = g.ch.Close()
+		release()
+	}()
+}
+
+// run is the manager: it watches the current connection and channel, and
+// replaces them. It never blocks on the network itself, except in setup,
+// which SetupTimeout and Close bound.
+func (p *Publisher) run(cg *connGen, g *chanGen) {
+	defer close(p.done)
+	var tick <-chan time.Time
+	if p.o.ConfirmTimeout > 0 {
+		period := min(max(p.o.ConfirmTimeout/4, 5*time.Millisecond), time.Second)
+		t := time.NewTicker(period)
+		defer t.Stop()
+		tick = t.C
+	}
+	reopens, confirmedAtReopen := 0, ^uint64(0)
+	for {
+		if g != nil {
+			p.mu.Lock()
+			p.cur = g
+			p.stats.Connects++
+			p.mu.Unlock()
+			p.n.emit(Event{Kind: EventConnected})
+			p.kick()
+		}
+		// Watch g until something ends it.
+		lost, reopen := false, false
+		var cause error
+	watch:
+		for g != nil {
+			select {
+			case <-p.ctx.Done():
+				return
+			case e, ok := <-cg.lost:
+				cause = fmt.Errorf("failover: connection lost: %w", closeErr(e, ok))
+				lost = true
+				break watch
+			case <-g.failed:
+				p.mu.Lock()
+				cause, reopen = g.failErr, g.nacked
+				p.mu.Unlock()
+				if !reopen {
+					// A write error, or the channel closed: if the
+					// connection is gone too (its close may trail the
+					// channel's by a moment), fail over; else reopen.
+					lost = connEnds(cg, 20*time.Millisecond)
+					reopen = !lost
+				}
+				break watch
+			case now := <-tick:
+				p.mu.Lock()
+				var oldest time.Time
+				if e := g.order.Front(); e != nil {
+					oldest = e.Value.(*message).sentAt
+				}
+				p.mu.Unlock()
+				if !oldest.IsZero() && now.Sub(oldest) >= p.o.ConfirmTimeout {
+					cause = fmt.Errorf("failover: no confirmation for %v: connection abandoned", now.Sub(oldest).Round(time.Millisecond))
+					p.mu.Lock()
+					p.stats.Abandons++
+					p.mu.Unlock()
+					p.n.log.Warn("failover: confirm timeout, abandoning the connection", "waited", now.Sub(oldest))
+					p.n.emit(Event{Kind: EventAbandon, Err: cause})
+					lost = true
+					break watch
+				}
+			}
+		}
+		if g != nil {
+			p.retire(g, cause)
+		}
+		if reopen {
+			p.mu.Lock()
+			p.stats.ChannelReopens++
+			if p.stats.Confirmed == confirmedAtReopen {
+				reopens++ // nothing confirmed since the last reopen
+			} else {
+				reopens = 0
+			}
+			confirmedAtReopen = p.stats.Confirmed
+			p.mu.Unlock()
+			p.n.log.Info("failover: reopening the channel", "cause", cause)
+			p.n.emit(Event{Kind: EventChannelReopen, Err: cause})
+			p.closeChannel(g)
+			// Back-to-back reopens with no confirmation between them
+			// (a leader election still running) back off, so that
+			// MaxAttempts is not spent in a few milliseconds.
+			if reopens > 0 && !sleepCtx(p.ctx, p.o.Backoff.delay(reopens)) {
+				return
+			}
+			ng, err := p.openChannel(cg)
+			if err == nil {
+				g = ng
+				continue
+			}
+			cause, lost = err, true
+		}
+		if lost || g == nil {
+			p.mu.Lock()
+			p.stats.Failovers++
+			p.mu.Unlock()
+			p.n.log.Warn("failover: failing over", "cause", cause)
+			p.n.emit(Event{Kind: EventConnectionLost, Err: cause})
+			p.retireConn(cg)
+		}
+		// Redial until a connection with a confirm channel is up.
+		g = nil
+		for g == nil {
+			conn, err := dialLoop(p.ctx, p.o.Dial, p.o.Backoff, p.n)
+			if err != nil {
+				return // Close
+			}
+			cg = p.startConn(conn)
+			if g, err = p.openChannel(cg); err != nil {
+				p.n.log.Warn("failover: channel setup failed", "err", err)
+				p.n.emit(Event{Kind: EventConnectionLost, Err: err})
+				p.retireConn(cg)
+				if !sleepCtx(p.ctx, p.o.Backoff.Initial) {
+					return
+				}
+			}
+		}
+	}
+}
+
+func closeErr(e *amqp.Error, ok bool) error {
+	if ok && e != nil {
+		return e
+	}
+	return amqp.ErrClosed
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// connEnds reports whether cg's connection is closed, or closes within
+// wait.
+func connEnds(cg *connGen, wait time.Duration) bool {
+	if cg.conn.IsClosed() {
+		return true
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-cg.lost:
+		return true
+	case <-t.C:
+		return cg.conn.IsClosed()
+	}
+}
