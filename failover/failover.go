@@ -140,6 +140,10 @@ func dialLoop(ctx context.Context, dial DialFunc, b Backoff, n notifier) (*amqp.
 			return nil, err
 		}
 		conn, err := dial(ctx)
+		if err == nil && conn != nil && ctx.Err() != nil {
+			abandon(conn) // a DialFunc that ignored ctx
+			return nil, ctx.Err()
+		}
 		if err == nil && conn == nil {
 			err = errors.New("failover: DialFunc returned no connection and no error")
 		}

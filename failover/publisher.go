@@ -344,7 +344,26 @@ func (p *Publisher) Close() error {
 		p.closed = true
 		p.mu.Unlock()
 		p.cancel()
-		<-p.done // the manager never blocks on the network
+		// The manager never blocks on the network, but it may be in a
+		// DialFunc that does not honour its ctx.
+		stuck := time.NewTimer(time.Until(deadline))
+		defer stuck.Stop()
+		select {
+		case <-p.done:
+		case <-stuck.C:
+			p.mu.Lock()
+			if g := p.cur; g != nil {
+				p.retireLocked(g, errClosed)
+			}
+			for e := p.queue.Front(); e != nil; e = p.queue.Front() {
+				m := p.queue.Remove(e).(*message)
+				m.qelem = nil
+				p.settle(m, errClosed)
+			}
+			p.mu.Unlock()
+			p.closeErr = fmt.Errorf("failover: Close: DialFunc did not return within CloseTimeout (%v); it should honour its ctx", p.o.CloseTimeout)
+			return
+		}
 		p.mu.Lock()
 		conn := p.conn
 		p.conn = nil

@@ -408,3 +408,57 @@ func waitGoroutines(t *testing.T, p *Publisher) {
 		t.Fatal("the publisher's goroutines did not end 15 s after Close")
 	}
 }
+
+// Close is bounded even while the manager sits in a DialFunc that ignores
+// its ctx.
+func TestCloseBoundedDuringStuckDial(t *testing.T) {
+	peer := fakepeer.Listen(t)
+	peer.Serve(func(s *fakepeer.Session) error {
+		ch, err := s.AnswerChannelOpen()
+		if err != nil {
+			return err
+		}
+		if _, err := s.ExpectMethod(ch, 85, 10); err != nil {
+			return err
+		}
+		if err := s.Send(fakepeer.ConfirmSelectOk(ch)); err != nil {
+			return err
+		}
+		return s.Close() // the node goes away
+	})
+	dialing := make(chan struct{})
+	dialed := make(chan struct{})
+	var calls int
+	dial := func(ctx context.Context) (*amqp.Connection, error) {
+		calls++
+		if calls == 1 {
+			return compat.Dial(peer.URL(), compat.Upstream)
+		}
+		if calls == 2 {
+			close(dialing)
+			defer close(dialed)
+		}
+		time.Sleep(time.Second) // ignores ctx
+		return nil, errors.New("unreachable")
+	}
+	p, err := NewPublisher(context.Background(), PublisherOptions{Dial: dial, CloseTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending := make(chan error, 1)
+	go func() { pending <- p.Publish(context.Background(), "", "q", false, amqp.Publishing{}) }()
+	<-dialing
+	start := time.Now()
+	cerr := p.Close()
+	took := time.Since(start)
+	if cerr == nil || took > 400*time.Millisecond {
+		t.Fatalf("Close: %v after %v, want an error within 200ms", cerr, took)
+	}
+	if err := <-pending; !errors.Is(err, amqp.ErrClosed) {
+		t.Fatalf("pending Publish: %v, want ErrClosed", err)
+	}
+	<-dialed
+	<-p.done
+	waitGoroutines(t, p)
+	t.Logf("Close took %v: %v", took.Round(time.Millisecond), cerr)
+}
