@@ -46,6 +46,7 @@ func TestConsumerSurvivesConnectionLoss(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		all := make(chan struct{})
+		cutReq := make(chan struct{})
 		var cutOnce sync.Once
 		runErr := make(chan error, 1)
 		go func() {
@@ -55,7 +56,7 @@ func TestConsumerSurvivesConnectionLoss(t *testing.T) {
 				distinct := len(seen)
 				mu.Unlock()
 				if distinct == n/3 {
-					cutOnce.Do(func() { go p1.Disable() })
+					cutOnce.Do(func() { close(cutReq) })
 				}
 				if distinct == n {
 					select {
@@ -68,6 +69,12 @@ func TestConsumerSurvivesConnectionLoss(t *testing.T) {
 				return nil
 			})
 		}()
+		select {
+		case <-cutReq:
+			p1.Disable() // closes every connection through it
+		case <-ctx.Done():
+			t.Fatal("the consumer never got a third of the messages")
+		}
 		select {
 		case <-all:
 		case <-ctx.Done():

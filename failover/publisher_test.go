@@ -316,18 +316,16 @@ func TestConnectionLossRepublishes(t *testing.T) {
 		const n = 3000
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		cut := make(chan time.Time, 1)
-		go func() {
-			for p.Stats().Confirmed < n/4 && ctx.Err() == nil {
-				time.Sleep(time.Millisecond)
-			}
-			cut <- time.Now()
-			p1.Disable() // closes every connection through it
-		}()
 		pubStart := time.Now()
-		errs := publishAll(ctx, p, n, 16, idMsg(queue))
+		result := make(chan []error, 1)
+		go func() { result <- publishAll(ctx, p, n, 16, idMsg(queue)) }()
+		for p.Stats().Confirmed < n/4 && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+		cutAt := time.Now()
+		p1.Disable() // closes every connection through it
+		errs := <-result
 		t.Logf("publishAll took %v", time.Since(pubStart))
-		cutAt := <-cut
 		p1.Enable()
 		if err := firstErr(errs); err != nil {
 			t.Fatal(err)
