@@ -165,7 +165,7 @@ func run() error {
 		}
 	case "leader":
 		if len(args) != 1 {
-			return errors.New("leader QUEUE")
+			return errors.New("leader: which queue?")
 		}
 		l, err := c.Leader(ctx, args[0])
 		if err != nil {
@@ -175,7 +175,7 @@ func run() error {
 		return nil
 	case "exec":
 		if len(args) == 0 {
-			return errors.New("exec CMD...")
+			return errors.New("exec: which command?")
 		}
 		x := c.Exec(ctx, args[0], args[1:]...)
 		x.Env = append(os.Environ(), "AMQP091_CLUSTER_URLS="+strings.Join(c.URLs(), ","))
