@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,10 @@ func TestCluster(t *testing.T) {
 
 	timings := map[string]time.Duration{}
 	var order []string
-	timed := func(name string, f func() error) {
+	// timed runs step f, records how long it took, and fails t (the
+	// caller's own test or subtest: FailNow must come from its goroutine)
+	// if f fails.
+	timed := func(t *testing.T, name string, f func() error) {
 		t.Helper()
 		t0 := time.Now()
 		err := f()
@@ -61,13 +65,16 @@ func TestCluster(t *testing.T) {
 		t.Logf("timings:%s", b.String())
 	}()
 
-	dir := t.TempDir()
+	// A fixed directory rather than t.TempDir: after a failure the nodes'
+	// logs are still there to read, and the next run starts it afresh.
+	dir := filepath.Join(os.TempDir(), "amqpd-cluster-selftest")
+	t.Logf("state and logs in %s", dir)
 	o := Options{Dir: dir, PartitionHandling: "autoheal", NetTicktime: 20}
 	if testing.Verbose() {
 		o.Logger = testLogger(t)
 	}
 	var c *Cluster
-	timed("start", func() (err error) {
+	timed(t, "start", func() (err error) {
 		c, err = Start(ctx, o)
 		return err
 	})
@@ -147,16 +154,16 @@ func TestCluster(t *testing.T) {
 
 	t.Run("kill the leader and restart it", func(t *testing.T) {
 		var leader Node
-		timed("leader", func() (err error) {
+		timed(t, "leader", func() (err error) {
 			leader, err = c.Leader(ctx, selfTestQueue)
 			return err
 		})
 		t.Logf("leader of %s: %s", selfTestQueue, leader)
-		timed("kill "+string(leader), func() error { return c.Kill(leader) })
+		timed(t, "kill "+string(leader), func() error { return c.Kill(leader) })
 		if c.Running(ctx, leader) {
 			t.Fatalf("%s runs after Kill", leader)
 		}
-		timed("new leader elected", func() error {
+		timed(t, "new leader elected", func() error {
 			return poll(ctx, time.Minute, func() error {
 				l, err := c.Leader(ctx, selfTestQueue)
 				if err == nil && l == leader {
@@ -165,23 +172,23 @@ func TestCluster(t *testing.T) {
 				return err
 			})
 		})
-		timed("restart "+string(leader), func() error { return c.Restart(ctx, leader) })
-		timed("rejoined (3 running)", func() error { return waitRunning(ctx, c, 3) })
+		timed(t, "restart "+string(leader), func() error { return c.Restart(ctx, leader) })
+		timed(t, "rejoined (3 running)", func() error { return waitRunning(ctx, c, 3) })
 		if got := messages(t, c, other(leader)); got != 1 {
 			t.Fatalf("%d messages in %s after the kill, want 1", got, selfTestQueue)
 		}
 	})
 
 	t.Run("stop_app and start_app", func(t *testing.T) {
-		timed("stop_app b", func() error { return c.StopApp(ctx, B) })
+		timed(t, "stop_app b", func() error { return c.StopApp(ctx, B) })
 		if c.Running(ctx, B) {
 			t.Fatal("b's app runs after StopApp")
 		}
-		timed("start_app b", func() error { return c.StartApp(ctx, B) })
+		timed(t, "start_app b", func() error { return c.StartApp(ctx, B) })
 		if !c.Running(ctx, B) {
 			t.Fatal("b's app does not run after StartApp")
 		}
-		timed("3 running after start_app", func() error { return waitRunning(ctx, c, 3) })
+		timed(t, "3 running after start_app", func() error { return waitRunning(ctx, c, 3) })
 	})
 
 	t.Run("cut b from its peers", func(t *testing.T) {
@@ -205,11 +212,11 @@ func TestCluster(t *testing.T) {
 				t.Errorf("%s reaches %s's distribution port across the cut", p.from, p.to)
 			}
 		}
-		timed("heal peers cut", c.Heal)
+		timed(t, "heal peers cut", c.Heal)
 		if err := tcpFrom(ctx, A, B); err != nil {
 			t.Errorf("a cannot reach b after Heal: %v", err)
 		}
-		timed("3 running after peers cut", func() error { return waitRunning(ctx, c, 3) })
+		timed(t, "3 running after peers cut", func() error { return waitRunning(ctx, c, 3) })
 	})
 
 	t.Run("cut c off entirely", func(t *testing.T) {
@@ -222,14 +229,14 @@ func TestCluster(t *testing.T) {
 		if err := tcpFromHub(ctx, c, amqpAddr(A)); err != nil {
 			t.Errorf("hub cannot reach a during c's cut: %v", err)
 		}
-		timed("heal full cut", c.Heal)
+		timed(t, "heal full cut", c.Heal)
 		if err := tcpFromHub(ctx, c, amqpAddr(C)); err != nil {
 			t.Errorf("hub cannot reach c after Heal: %v", err)
 		}
-		timed("3 running after full cut", func() error { return waitRunning(ctx, c, 3) })
+		timed(t, "3 running after full cut", func() error { return waitRunning(ctx, c, 3) })
 	})
 
-	timed("stop", c.Stop)
+	timed(t, "stop", c.Stop)
 	for _, ns := range []string{hubNS, nodeNS(A), nodeNS(B), nodeNS(C)} {
 		if _, err := os.Stat(nsPath(ns)); err == nil {
 			t.Errorf("namespace %s still there after Stop", ns)
@@ -326,4 +333,39 @@ func poll(ctx context.Context, limit time.Duration, f func() error) error {
 // testLogger sends the harness's progress messages to the test's log.
 func testLogger(t *testing.T) *slog.Logger {
 	return slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// TestWithoutCluster covers what needs no cluster, so that plain `go test`
+// exercises something of the package.
+func TestWithoutCluster(t *testing.T) {
+	if ok, why := Usable(); !ok && (why == "" || strings.Contains(why, "\n")) {
+		t.Errorf("Usable: not usable, but reason %q is not one line", why)
+	}
+	var c Cluster
+	want := []string{
+		"amqp://guest:guest@10.201.0.1:5681/",
+		"amqp://guest:guest@10.201.0.2:5682/",
+		"amqp://guest:guest@10.201.0.3:5683/",
+	}
+	if got := c.URLs(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("URLs() = %v, want %v", got, want)
+	}
+	for _, n := range Nodes {
+		if m, ok := nodeOf(nodeName(n)); !ok || m != n {
+			t.Errorf("nodeOf(%q) = %q, %v", nodeName(n), m, ok)
+		}
+	}
+	if _, ok := nodeOf("rabbit@localhost"); ok {
+		t.Error("the system node taken for one of ours")
+	}
+	o := Options{}.withDefaults()
+	if err := o.validate(); err != nil || o.PartitionHandling != "ignore" || o.NetTicktime != 60 || o.BootTimeout != 2*time.Minute {
+		t.Errorf("defaults %+v: %v", o, err)
+	}
+	if err := (Options{PartitionHandling: "pause_all"}).withDefaults().validate(); err == nil {
+		t.Error("unknown partition handling accepted")
+	}
+	if err := Node("d").check(); err == nil {
+		t.Error("node d accepted")
+	}
 }
