@@ -139,6 +139,35 @@ func TestCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("dialing leaves no thread in the hub", func(t *testing.T) {
+		// Dial from many goroutines at once, then check that every thread
+		// of the process is back in the root namespace: a thread left in
+		// the hub would make unrelated sockets of the process land there.
+		root, err := os.Readlink("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 20)
+		for range cap(errs) {
+			go func() { errs <- tcpFromHub(ctx, c, amqpAddr(B)) }()
+		}
+		for range cap(errs) {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			ns, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/net")
+			if err == nil && ns != root {
+				t.Errorf("thread %s is in %s, not the root namespace %s", task.Name(), ns, root)
+			}
+		}
+	})
+
 	t.Run("attach from the state directory", func(t *testing.T) {
 		a, err := Attach(Options{Dir: dir})
 		if err != nil {
