@@ -440,9 +440,12 @@ func (c *Cluster) Running(ctx context.Context, n Node) bool {
 }
 
 // WaitRunning waits until some node's cluster_status lists at least want
-// running nodes, each of which also reports its application running, or
-// until ctx ends. It polls about once a second; use it after a restart,
-// StartApp or Heal.
+// running nodes, each of which also reports its application running, and
+// records no partition; or until ctx ends. It polls about once a second;
+// use it after a restart, StartApp or Heal. After a partition that the
+// nodes noticed, in the default "ignore" mode, the partition stays
+// recorded until StopApp and StartApp on the minority node, so WaitRunning
+// waits for that.
 func (c *Cluster) WaitRunning(ctx context.Context, want int) error {
 	var last string
 	for {
@@ -459,13 +462,15 @@ func (c *Cluster) WaitRunning(ctx context.Context, want int) error {
 	}
 }
 
-// runningNodes returns the nodes that the best-informed node sees running
-// and that say so themselves, with a description for errors.
+// runningNodes returns the nodes that the best-informed node without a
+// recorded partition sees running and that say so themselves, with a
+// description for errors.
 func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
 	type view struct {
-		from    Node
-		running []Node
-		err     error
+		from       Node
+		running    []Node
+		partitions map[string][]string
+		err        error
 	}
 	views := make([]view, len(Nodes))
 	self := make([]bool, len(Nodes))
@@ -486,12 +491,14 @@ func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
 				return
 			}
 			var st struct {
-				RunningNodes []string `json:"running_nodes"`
+				RunningNodes []string            `json:"running_nodes"`
+				Partitions   map[string][]string `json:"partitions"`
 			}
 			if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
 				views[i].err = err
 				return
 			}
+			views[i].partitions = st.Partitions
 			for _, s := range st.RunningNodes {
 				if m, ok := nodeOf(s); ok {
 					views[i].running = append(views[i].running, m)
@@ -513,7 +520,10 @@ func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
 				ok = append(ok, m)
 			}
 		}
-		desc = append(desc, fmt.Sprintf("%s sees %v (app running: %v)", Nodes[i], v.running, self[i]))
+		desc = append(desc, fmt.Sprintf("%s sees %v (app running: %v, partitions: %v)", Nodes[i], v.running, self[i], v.partitions))
+		if len(v.partitions) > 0 {
+			continue // a view across a recorded partition is no healthy cluster
+		}
 		if len(ok) > len(best) {
 			best = ok
 		}

@@ -60,7 +60,7 @@ func TestCluster(t *testing.T) {
 	defer func() {
 		var b strings.Builder
 		for _, k := range order {
-			fmt.Fprintf(&b, "\n  %-32s %v", k, timings[k].Round(time.Millisecond))
+			fmt.Fprintf(&b, "\n  %-36s %v", k, timings[k].Round(time.Millisecond))
 		}
 		t.Logf("timings:%s", b.String())
 	}()
@@ -263,6 +263,45 @@ func TestCluster(t *testing.T) {
 			t.Errorf("hub cannot reach c after Heal: %v", err)
 		}
 		timed(t, "3 running after full cut", func() error { return waitRunning(ctx, c, 3) })
+	})
+
+	t.Run("a partition the nodes notice heals (autoheal)", func(t *testing.T) {
+		// Longer than net_ticktime this time: a and c declare b down,
+		// and after the heal autoheal restarts the losing side.
+		if err := c.Partition(B, CutPeers); err != nil {
+			t.Fatal(err)
+		}
+		timed(t, "partition noticed (ticktime 20)", func() error {
+			return poll(ctx, 2*time.Minute, func() error {
+				cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+				defer cancel()
+				out, err := c.Ctl(cctx, A, "cluster_status", "--formatter", "json")
+				if err != nil {
+					return err
+				}
+				var st struct {
+					RunningNodes []string `json:"running_nodes"`
+				}
+				if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
+					return err
+				}
+				for _, r := range st.RunningNodes {
+					if r == nodeName(B) {
+						return fmt.Errorf("a still sees b running: %v", st.RunningNodes)
+					}
+				}
+				return nil
+			})
+		})
+		timed(t, "heal noticed partition", c.Heal)
+		timed(t, "3 running after noticed partition", func() error {
+			ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+			defer cancel()
+			return c.WaitRunning(ctx, 3)
+		})
+		if got := messages(t, c, B); got != 1 {
+			t.Fatalf("%d messages in %s after the partition, want 1", got, selfTestQueue)
+		}
 	})
 
 	timed(t, "stop", c.Stop)
