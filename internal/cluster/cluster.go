@@ -453,7 +453,10 @@ func (c *Cluster) WaitRunning(ctx context.Context, want int) error {
 		if len(got) >= want {
 			return nil
 		}
-		last = detail
+		if last == "" || ctx.Err() == nil {
+			// A round cut short by ctx says only that: keep the one before.
+			last = detail
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("cluster: waiting for %d running nodes: %w (last: %s)", want, ctx.Err(), last)

@@ -272,7 +272,7 @@ func (c *Cluster) Ctl(ctx context.Context, n Node, args ...string) (string, erro
 			msg = strings.TrimSpace(stdout.String())
 		}
 		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (%w)", err, ctx.Err())
+			err = ctx.Err() // "signal: killed" would hide why
 		}
 		return stdout.String(), fmt.Errorf("cluster: rabbitmqctl -n %s %s: %w: %s", nodeName(n), strings.Join(args, " "), err, lastLines(msg, 3))
 	}

@@ -7,6 +7,7 @@
 //	clusterctl [flags] kill|restart|stop-app|start-app N
 //	clusterctl [flags] partition N [peers|full]
 //	clusterctl [flags] leader QUEUE
+//	clusterctl [flags] wait [N]
 //	clusterctl [flags] ctl N ARGS...
 //	clusterctl [flags] exec CMD...
 //
@@ -23,6 +24,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"strings"
 	"time"
 
@@ -53,6 +55,7 @@ commands:
   partition N [peers|full] cut N from its peers (clients still reach it) | from everyone
   heal                     undo every cut
   leader QUEUE             the quorum queue's leader
+  wait [N]                 until N (default 3) nodes run, with no partition recorded (bounded by -boot-timeout)
   ctl N ARGS...            rabbitmqctl -n rabbit@amqpd-N ARGS...
   exec CMD...              run CMD in the hub namespace, AMQP091_CLUSTER_URLS exported
 N is a, b or c. flags:`)
@@ -163,6 +166,16 @@ func run() error {
 			fmt.Print(out)
 			return err
 		}
+	case "wait":
+		want := len(cluster.Nodes)
+		if len(args) > 0 {
+			if want, err = strconv.Atoi(args[0]); err != nil {
+				return fmt.Errorf("wait: %q is not a number of nodes", args[0])
+			}
+		}
+		wctx, cancel := context.WithTimeout(ctx, o.BootTimeout)
+		defer cancel()
+		return c.WaitRunning(wctx, want)
 	case "leader":
 		if len(args) != 1 {
 			return errors.New("leader: which queue?")
