@@ -121,11 +121,28 @@ func (c *Cluster) env(n Node) []string {
 // config, plugins file, and empty data and log directories.
 func (c *Cluster) writeFiles() error {
 	d := c.o.Dir
+	// Dir is wiped, so it must be ours: missing, empty, or holding an
+	// earlier cluster's state. A mistaken Dir (a home, the checkout)
+	// must not be deleted.
+	if ents, err := os.ReadDir(d); err == nil && len(ents) > 0 {
+		if _, err := os.Stat(filepath.Join(d, stateFile)); err != nil {
+			return fmt.Errorf("cluster: %s is not empty and holds no cluster state (%s); not wiping it", d, stateFile)
+		}
+	}
 	if err := os.RemoveAll(d); err != nil {
 		return fmt.Errorf("cluster: clear %s: %w", d, err)
 	}
 	home := filepath.Join(d, "home")
 	if err := os.MkdirAll(home, 0o700); err != nil {
+		return err
+	}
+	// The state first: it also marks d as ours for the next Start, even
+	// if this one fails half-way.
+	st, err := json.Marshal(state{PartitionHandling: c.o.PartitionHandling, NetTicktime: c.o.NetTicktime})
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(d, stateFile), st, 0o644); err != nil {
 		return err
 	}
 	cookie := make([]byte, 20)
@@ -141,14 +158,9 @@ func (c *Cluster) writeFiles() error {
 		fmt.Fprintf(&inetrc, "{host, {%s}, [%q]}.\n", strings.ReplaceAll(nodeIP(n), ".", ","), nodeNS(n))
 	}
 	inetrc.WriteString("{lookup, [file, native]}.\n")
-	st, err := json.Marshal(state{PartitionHandling: c.o.PartitionHandling, NetTicktime: c.o.NetTicktime})
-	if err != nil {
-		return err
-	}
 	files := map[string]string{
 		"rabbitmq-env.conf": "",
 		"inetrc":            inetrc.String(),
-		stateFile:           string(st),
 	}
 	for _, n := range Nodes {
 		for _, sub := range []string{"log", "mnesia"} {
