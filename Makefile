@@ -5,7 +5,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak
+.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
@@ -22,6 +22,10 @@ reliability: vendor
 ## soak: the 5-minute soak alone: heap and goroutine table over time, no confirmed message lost
 soak: vendor
 	AMQP091_RELIABILITY=full $(GO) test -race -count=1 -v -timeout 20m -run TestSoak ./reliability/soak
+
+## cluster: the cluster suites (internal/cluster, reliability/cluster) on a three-node RabbitMQ cluster in network namespaces; as root with RabbitMQ installed, else one "skipped:" line
+cluster:
+	@scripts/cluster-tests
 
 ## bench: the A/B benchmark suite with defaults (3 reps, every scenario); writes BENCHMARKS.md
 bench: vendor

@@ -1,0 +1,661 @@
+// Package cluster runs a throwaway three-node RabbitMQ cluster on this
+// machine, from the system's own RabbitMQ install, for tests that need
+// node loss and network partitions.
+//
+// Each node runs in a network namespace of its own (amqpd-a, amqpd-b,
+// amqpd-c), attached by a veth to a bridge inside a hub namespace
+// (amqpd-hub). The nodes are 10.201.0.1–3, the hub 10.201.0.254. Nothing
+// listens outside these namespaces, so the cluster cannot collide with
+// the system broker on 127.0.0.1:5672, and partitions can be made with
+// routes and links instead of a firewall (this machine has neither
+// iptables nor nft).
+//
+// Clients are tests running in the root namespace. The nodes are only
+// reachable from the hub, so clients connect through [Cluster.Dial], which
+// creates its socket inside the hub namespace:
+//
+//	conn, err := amqp.DialConfig(c.URL(cluster.A), amqp.Config{Dial: c.Dial})
+//
+// The nodes never share anything with the system broker: they get their own
+// HOME and Erlang cookie, an empty rabbitmq-env.conf, their own config,
+// plugins file, data and logs under [Options.Dir], and are started under a
+// clean environment (the /usr/sbin wrappers would switch to the rabbitmq
+// user and its cookie). Everything about a running cluster can be derived
+// from Options.Dir, so a separate process can take it over with [Attach].
+//
+// Running a cluster needs root (namespaces, and setns for dialing); see
+// [Usable]. Only one cluster of this package may exist on a machine at a
+// time: [Start] removes whatever an earlier one left behind.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Node names one of the three cluster nodes: "a", "b" or "c".
+type Node string
+
+// The three nodes. A is the one B and C join when the cluster forms.
+const A, B, C Node = "a", "b", "c"
+
+// Nodes lists every node, in order.
+var Nodes = []Node{A, B, C}
+
+// Cut is how [Cluster.Partition] separates a node.
+type Cut int
+
+const (
+	// CutPeers blackholes the routes between the node and its peers, both
+	// ways: Erlang distribution traffic silently vanishes (no RST, no
+	// ICMP), as in a real partition, while clients in the hub still reach
+	// the node.
+	CutPeers Cut = iota
+	// CutFull sets the node's veth in the hub down: the node is unreachable
+	// for everyone, clients included, and their packets vanish silently.
+	CutFull
+)
+
+// String names the cut as the clusterctl command spells it.
+func (k Cut) String() string {
+	switch k {
+	case CutPeers:
+		return "peers"
+	case CutFull:
+		return "full"
+	}
+	return "Cut(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Options configures [Start] and [Attach]. The zero value is usable.
+type Options struct {
+	// Dir holds everything of the cluster: cookie, configs, data, logs, pid
+	// files. Default: $TMPDIR/amqpd-cluster.
+	Dir string
+	// PartitionHandling is RabbitMQ's cluster_partition_handling: "ignore"
+	// (the default, as in RabbitMQ), "pause_minority" or "autoheal".
+	PartitionHandling string
+	// NetTicktime is Erlang's net_ticktime in seconds: a silent peer is
+	// declared down after 0.75–1.25 times this. Default 60, RabbitMQ's;
+	// tests of partitions want it short.
+	NetTicktime int
+	// BootTimeout bounds the boot of one node. Default 120 s.
+	BootTimeout time.Duration
+	// Logger receives progress messages. Nil: silent.
+	Logger *slog.Logger
+}
+
+// withDefaults fills in the zero fields.
+func (o Options) withDefaults() Options {
+	if o.Dir == "" {
+		o.Dir = filepath.Join(os.TempDir(), "amqpd-cluster")
+	}
+	if o.PartitionHandling == "" {
+		o.PartitionHandling = "ignore"
+	}
+	if o.NetTicktime <= 0 {
+		o.NetTicktime = 60
+	}
+	if o.BootTimeout <= 0 {
+		o.BootTimeout = 120 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+func (o Options) validate() error {
+	switch o.PartitionHandling {
+	case "ignore", "pause_minority", "autoheal":
+	default:
+		return fmt.Errorf("cluster: partition handling %q: want ignore, pause_minority or autoheal", o.PartitionHandling)
+	}
+	if !filepath.IsAbs(o.Dir) {
+		// Paths end up in the nodes' environment, which runs elsewhere.
+		return fmt.Errorf("cluster: Dir %q is not absolute", o.Dir)
+	}
+	return nil
+}
+
+// Cluster is a running (or partly running) three-node cluster. Its methods
+// may be called from several goroutines.
+type Cluster struct {
+	o   Options
+	log *slog.Logger
+
+	mu sync.Mutex
+	// launched holds, per node this process booted, a channel closed when
+	// the rabbitmq-server launcher exited and has been reaped. Nodes found
+	// by Attach have none.
+	launched map[Node]chan struct{}
+}
+
+// Usable reports whether this machine can run a cluster: root, `ip` with
+// network namespace support, and a RabbitMQ install at
+// /usr/lib/rabbitmq/bin. reason is one line, for t.Skip.
+func Usable() (ok bool, reason string) {
+	if runtime.GOOS != "linux" {
+		return false, "cluster: needs Linux (network namespaces)"
+	}
+	if os.Geteuid() != 0 {
+		return false, "cluster: needs root (network namespaces, setns)"
+	}
+	for _, f := range []string{rmqServer, rmqCtl} {
+		if st, err := os.Stat(f); err != nil || st.Mode()&0o111 == 0 {
+			return false, "cluster: no RabbitMQ install (" + f + " missing)"
+		}
+	}
+	ip, err := exec.LookPath("ip")
+	if err != nil {
+		return false, "cluster: no `ip` command (iproute2)"
+	}
+	if _, err := os.Stat("/proc/self/ns/net"); err != nil {
+		return false, "cluster: the kernel has no network namespaces"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, ip, "netns", "list").CombinedOutput(); err != nil {
+		return false, "cluster: `ip netns list` failed: " + firstLine(string(out), err)
+	}
+	return true, ""
+}
+
+// Start boots the three nodes in parallel, joins b and c to a (in
+// parallel), and verifies that a sees three running nodes. It first removes
+// whatever an earlier cluster of this package left: its namespaces and its
+// nodes, and the previous contents of o.Dir.
+//
+// If Start fails it tears down what it built; the error says which log to
+// read.
+func Start(ctx context.Context, o Options) (*Cluster, error) {
+	if ok, why := Usable(); !ok {
+		return nil, errors.New(why)
+	}
+	o = o.withDefaults()
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	c := newCluster(o)
+	t0 := time.Now()
+	if err := cleanStale(c.log); err != nil {
+		return nil, err
+	}
+	if err := c.writeFiles(); err != nil {
+		return nil, err
+	}
+	if err := netUp(ctx); err != nil {
+		_ = netDown()
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			if err := c.Stop(); err != nil {
+				c.log.Warn("cleanup after a failed start", "err", err)
+			}
+		}
+	}()
+	for _, n := range Nodes {
+		if err := c.boot(n); err != nil {
+			return nil, err
+		}
+	}
+	if err := each(Nodes, func(n Node) error { return c.await(ctx, n) }); err != nil {
+		return nil, err
+	}
+	c.log.Info("3 nodes booted", "elapsed", time.Since(t0).Round(time.Millisecond))
+	// b and c join at the same time: about 5 s faster than one after the
+	// other. start_app may log "Failed to create a tracked connection
+	// table" for the other joiner; it is harmless.
+	err := each([]Node{B, C}, func(n Node) error {
+		for _, args := range [][]string{{"stop_app"}, {"join_cluster", nodeName(A)}, {"start_app"}} {
+			if _, err := c.Ctl(ctx, n, args...); err != nil {
+				return fmt.Errorf("join %s to %s: %w", n, A, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A bounded wait, since start_app returns once the app runs, not once
+	// every peer has seen it.
+	wctx, cancel := context.WithTimeout(ctx, o.BootTimeout)
+	defer cancel()
+	if err := c.WaitRunning(wctx, len(Nodes)); err != nil {
+		return nil, fmt.Errorf("cluster did not form: %w", err)
+	}
+	c.log.Info("cluster up", "elapsed", time.Since(t0).Round(time.Millisecond),
+		"partition_handling", o.PartitionHandling, "net_ticktime", o.NetTicktime, "dir", o.Dir)
+	ok = true
+	return c, nil
+}
+
+// Attach takes over a cluster that [Start] booted, possibly in another
+// process, from the files in o.Dir. Boot options (partition handling, net
+// ticktime) are read back from o.Dir, so [Cluster.Restart] boots a node as
+// Start did. Attach does not check that any node runs; it fails only if
+// there is no cluster state in o.Dir or the hub namespace is gone.
+func Attach(o Options) (*Cluster, error) {
+	o = o.withDefaults()
+	b, err := os.ReadFile(filepath.Join(o.Dir, stateFile))
+	if err != nil {
+		return nil, fmt.Errorf("cluster: no cluster state in %s (cluster start first?): %w", o.Dir, err)
+	}
+	var st state
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("cluster: %s: %w", stateFile, err)
+	}
+	o.PartitionHandling, o.NetTicktime = st.PartitionHandling, st.NetTicktime
+	if _, err := os.Stat(nsPath(hubNS)); err != nil {
+		return nil, fmt.Errorf("cluster: namespace %s is gone: %w", hubNS, err)
+	}
+	return newCluster(o), nil
+}
+
+func newCluster(o Options) *Cluster {
+	return &Cluster{o: o, log: o.Logger, launched: map[Node]chan struct{}{}}
+}
+
+// Dir returns the directory holding the cluster's files.
+func (c *Cluster) Dir() string { return c.o.Dir }
+
+// Stop stops the nodes (gracefully, for up to about 30 s, then with kill -9
+// of our own beam.smp processes only), deletes the namespaces and removes
+// the nodes' data. It is bounded, safe to call more than once, and returns
+// the first error met while carrying on with the rest.
+func (c *Cluster) Stop() error {
+	t0 := time.Now()
+	pids := map[Node]int{}
+	for _, n := range Nodes {
+		if p, err := c.beamPID(n); err == nil {
+			pids[n] = p // rabbit removes its pid file before the VM exits: keep the pid
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), gracefulStop)
+	defer cancel()
+	var wg sync.WaitGroup
+	for n := range pids {
+		wg.Go(func() {
+			if _, err := c.Ctl(ctx, n, "stop"); err != nil {
+				c.log.Debug("graceful stop", "node", n, "err", err)
+			}
+		})
+	}
+	wg.Wait()
+	var errs []error
+	for n, p := range pids {
+		if waitGone(ctx, p) {
+			continue
+		}
+		c.log.Warn("node did not stop in time: kill -9", "node", n, "pid", p)
+		if err := c.killVerified(n, p); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.reapLaunchers()
+	if err := netDown(); err != nil {
+		errs = append(errs, err)
+	}
+	for _, n := range Nodes {
+		if err := os.RemoveAll(filepath.Join(c.o.Dir, string(n), "mnesia")); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.log.Info("cluster stopped", "elapsed", time.Since(t0).Round(time.Millisecond))
+	return errors.Join(errs...)
+}
+
+// URL returns the AMQP URL of node n, for amqp.DialConfig with Dial set to
+// [Cluster.Dial].
+func (c *Cluster) URL(n Node) string { return "amqp://guest:guest@" + amqpAddr(n) + "/" }
+
+// URLs returns the AMQP URLs of a, b and c, in that order.
+func (c *Cluster) URLs() []string {
+	u := make([]string, len(Nodes))
+	for i, n := range Nodes {
+		u[i] = c.URL(n)
+	}
+	return u
+}
+
+// Kill sends SIGKILL to node n's beam.smp: a crash, as far as its peers and
+// clients can tell. It refuses a pid that is not ours: the process must be
+// a beam.smp whose environment names our node and our pid file. Kill
+// returns once the VM is gone.
+func (c *Cluster) Kill(n Node) error {
+	if err := n.check(); err != nil {
+		return err
+	}
+	p, err := c.beamPID(n)
+	if err != nil {
+		return err
+	}
+	if err := c.killVerified(n, p); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if !waitGone(ctx, p) {
+		return fmt.Errorf("cluster: node %s: beam.smp %d still there 10 s after kill -9", n, p)
+	}
+	c.log.Info("killed", "node", n, "pid", p)
+	return nil
+}
+
+// Restart boots node n again after [Cluster.Kill] (or a graceful stop) and
+// waits until it has started (rabbitmqctl await_startup). The node rejoins
+// the cluster by itself; use [Cluster.WaitRunning] to wait for that.
+func (c *Cluster) Restart(ctx context.Context, n Node) error {
+	if err := n.check(); err != nil {
+		return err
+	}
+	if p, err := c.beamPID(n); err == nil {
+		return fmt.Errorf("cluster: node %s still runs (pid %d)", n, p)
+	}
+	t0 := time.Now()
+	if err := c.boot(n); err != nil {
+		return err
+	}
+	if err := c.await(ctx, n); err != nil {
+		return err
+	}
+	c.log.Info("restarted", "node", n, "elapsed", time.Since(t0).Round(time.Millisecond))
+	return nil
+}
+
+// StopApp stops the RabbitMQ application on n (rabbitmqctl stop_app); the
+// Erlang VM stays up, clients get connection.close 320 or a reset.
+func (c *Cluster) StopApp(ctx context.Context, n Node) error {
+	_, err := c.Ctl(ctx, n, "stop_app")
+	return err
+}
+
+// StartApp starts the RabbitMQ application on n again (rabbitmqctl
+// start_app). After a healed partition in "ignore" mode, StopApp then
+// StartApp on the minority node is how it rejoins.
+func (c *Cluster) StartApp(ctx context.Context, n Node) error {
+	_, err := c.Ctl(ctx, n, "start_app")
+	return err
+}
+
+// Leader returns the node leading quorum queue queue, asking each node
+// whose VM runs until one answers.
+func (c *Cluster) Leader(ctx context.Context, queue string) (Node, error) {
+	var errs []error
+	for _, n := range Nodes {
+		if _, err := c.beamPID(n); err != nil {
+			continue
+		}
+		out, err := c.Ctl(ctx, n, "list_queues", "--formatter", "json", "name", "leader")
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var qs []struct{ Name, Leader string }
+		if err := json.Unmarshal([]byte(jsonPart(out)), &qs); err != nil {
+			errs = append(errs, fmt.Errorf("node %s: list_queues: %w", n, err))
+			continue
+		}
+		for _, q := range qs {
+			if q.Name != queue {
+				continue
+			}
+			if l, ok := nodeOf(q.Leader); ok {
+				return l, nil
+			}
+			return "", fmt.Errorf("cluster: queue %q has leader %q, not one of our nodes", queue, q.Leader)
+		}
+		errs = append(errs, fmt.Errorf("node %s does not list queue %q", n, queue))
+	}
+	if len(errs) == 0 {
+		return "", errors.New("cluster: no node runs")
+	}
+	return "", fmt.Errorf("cluster: leader of %q: %w", queue, errors.Join(errs...))
+}
+
+// Running reports whether the RabbitMQ application runs on n. It is false
+// when the VM is down, the app is stopped, or the node does not answer
+// within ctx (or 15 s).
+func (c *Cluster) Running(ctx context.Context, n Node) bool {
+	if _, err := c.beamPID(n); err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	out, err := c.Ctl(ctx, n, "eval", "rabbit:is_running().")
+	return err == nil && strings.TrimSpace(out) == "true"
+}
+
+// WaitRunning waits until some node's cluster_status lists at least want
+// running nodes, each of which also reports its application running, and
+// records no partition; or until ctx ends. It polls about once a second;
+// use it after a restart, StartApp or Heal. After a partition that the
+// nodes noticed, in the default "ignore" mode, the partition stays
+// recorded until StopApp and StartApp on the minority node, so WaitRunning
+// waits for that.
+func (c *Cluster) WaitRunning(ctx context.Context, want int) error {
+	var last string
+	for {
+		got, detail := c.runningNodes(ctx)
+		if len(got) >= want {
+			return nil
+		}
+		if last == "" || ctx.Err() == nil {
+			// A round cut short by ctx says only that: keep the one before.
+			last = detail
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("cluster: waiting for %d running nodes: %w (last: %s)", want, ctx.Err(), last)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// runningNodes returns the nodes that the best-informed node without a
+// recorded partition sees running and that say so themselves, with a
+// description for errors.
+func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
+	type view struct {
+		from       Node
+		running    []Node
+		partitions map[string][]string
+		err        error
+	}
+	views := make([]view, len(Nodes))
+	self := make([]bool, len(Nodes))
+	var wg sync.WaitGroup
+	for i, n := range Nodes {
+		wg.Go(func() {
+			views[i] = view{from: n}
+			if _, err := c.beamPID(n); err != nil {
+				views[i].err = err
+				return
+			}
+			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			defer cancel()
+			self[i] = c.Running(cctx, n)
+			out, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
+			if err != nil {
+				views[i].err = err
+				return
+			}
+			var st struct {
+				RunningNodes []string            `json:"running_nodes"`
+				Partitions   map[string][]string `json:"partitions"`
+			}
+			if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
+				views[i].err = err
+				return
+			}
+			views[i].partitions = st.Partitions
+			for _, s := range st.RunningNodes {
+				if m, ok := nodeOf(s); ok {
+					views[i].running = append(views[i].running, m)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var best []Node
+	var desc []string
+	for i, v := range views {
+		if v.err != nil {
+			desc = append(desc, fmt.Sprintf("%s: %v", v.from, firstLine(v.err.Error(), nil)))
+			continue
+		}
+		var ok []Node
+		for _, m := range v.running {
+			if self[idx(m)] {
+				ok = append(ok, m)
+			}
+		}
+		desc = append(desc, fmt.Sprintf("%s sees %v (app running: %v, partitions: %v)", Nodes[i], v.running, self[i], v.partitions))
+		if len(v.partitions) > 0 {
+			continue // a view across a recorded partition is no healthy cluster
+		}
+		if len(ok) > len(best) {
+			best = ok
+		}
+	}
+	return best, strings.Join(desc, "; ")
+}
+
+// each runs f for every node in parallel and joins the errors.
+func each(ns []Node, f func(Node) error) error {
+	errs := make([]error, len(ns))
+	var wg sync.WaitGroup
+	for i, n := range ns {
+		wg.Go(func() { errs[i] = f(n) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// jsonPart drops anything the CLI prints before its JSON document (a
+// warning line, say).
+func jsonPart(s string) string {
+	if i := strings.IndexAny(s, "[{"); i > 0 {
+		return s[i:]
+	}
+	return s
+}
+
+// firstLine shortens command output to one line for messages.
+func firstLine(s string, err error) string {
+	s = strings.TrimSpace(s)
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if s == "" && err != nil {
+		return err.Error()
+	}
+	return s
+}
+
+// Status describes the cluster for humans, one line per fact: each node's
+// pid and memory, what each running node sees (bounded, in parallel: a
+// partition slows the CLI down), and the cuts in place.
+func (c *Cluster) Status(ctx context.Context) string {
+	var b strings.Builder
+	for _, n := range Nodes {
+		p, err := c.beamPID(n)
+		if err != nil {
+			fmt.Fprintf(&b, "%s %s DOWN\n", n, nodeName(n))
+			continue
+		}
+		fmt.Fprintf(&b, "%s %s pid=%d rss=%dMiB url=%s\n", n, nodeName(n), p, rssMiB(p), c.URL(n))
+	}
+	seen := make([]string, len(Nodes))
+	var wg sync.WaitGroup
+	for i, n := range Nodes {
+		if _, err := c.beamPID(n); err != nil {
+			continue
+		}
+		wg.Go(func() {
+			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+			defer cancel()
+			out, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
+			if err != nil {
+				seen[i] = fmt.Sprintf("seen from %s: no answer (%s)", n, firstLine(err.Error(), nil))
+				return
+			}
+			var st struct {
+				RunningNodes []string            `json:"running_nodes"`
+				Partitions   map[string][]string `json:"partitions"`
+			}
+			if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
+				seen[i] = fmt.Sprintf("seen from %s: %v", n, err)
+				return
+			}
+			seen[i] = fmt.Sprintf("seen from %s: running %s | partitions: %v", n, strings.Join(st.RunningNodes, " "), st.Partitions)
+		})
+	}
+	wg.Wait()
+	for _, s := range seen {
+		if s != "" {
+			b.WriteString(s + "\n")
+		}
+	}
+	for _, n := range Nodes {
+		routes, err := ip(ctx, "-n", nodeNS(n), "route", "show", "type", "blackhole")
+		if err != nil {
+			fmt.Fprintf(&b, "net %s: no namespace\n", n)
+			continue
+		}
+		var holes []string
+		for line := range strings.Lines(routes) {
+			if f := strings.Fields(line); len(f) >= 2 {
+				holes = append(holes, f[1])
+			}
+		}
+		link, _ := ip(ctx, "-br", "-n", hubNS, "link", "show", hubVeth(n))
+		state := "?"
+		if f := strings.Fields(link); len(f) >= 2 {
+			state = f[1]
+		}
+		fmt.Fprintf(&b, "net %s: hub link %s, blackholed: %v\n", n, state, holes)
+	}
+	return b.String()
+}
+
+// rssMiB is p's resident memory, 0 if unknown.
+func rssMiB(p int) int {
+	b, _ := os.ReadFile("/proc/" + strconv.Itoa(p) + "/status")
+	for line := range strings.Lines(string(b)) {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.Atoi(f[1])
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// Cleanup removes what a cluster of this package may have left behind,
+// without needing its Dir: every beam.smp running one of our node names,
+// and our namespaces (with whatever runs in them). [Start] does this
+// first; it is for `clusterctl stop` when the state directory is gone.
+func Cleanup() error {
+	return cleanStale(slog.New(slog.DiscardHandler))
+}
+
+// Exec returns a command that runs name with args inside the hub
+// namespace (via `ip netns exec`), where the nodes are reachable: for
+// tools that cannot use [Cluster.Dial]. The caller sets Env, Stdout and
+// so on, and runs it.
+func (c *Cluster) Exec(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, ipCmd(), append([]string{"netns", "exec", hubNS, name}, args...)...)
+}

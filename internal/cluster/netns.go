@@ -1,0 +1,232 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// ipCmd is the iproute2 binary; Usable has checked it exists.
+func ipCmd() string {
+	if p, err := exec.LookPath("ip"); err == nil {
+		return p
+	}
+	return "ip"
+}
+
+func nsPath(ns string) string { return "/var/run/netns/" + ns }
+
+// ip runs `ip args...`, bounded, and includes its output in the error.
+func ip(ctx context.Context, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, ipCmd(), args...).CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("cluster: ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
+// hubVeth is the hub end of n's veth; the node's end is eth0 in its own
+// namespace.
+func hubVeth(n Node) string { return "vh-" + string(n) }
+
+// netUp creates the hub with its bridge, and one namespace per node joined
+// to it by a veth.
+func netUp(ctx context.Context) error {
+	steps := [][]string{
+		{"netns", "add", hubNS},
+		{"-n", hubNS, "link", "set", "lo", "up"},
+		{"-n", hubNS, "link", "add", bridge, "type", "bridge"},
+		{"-n", hubNS, "addr", "add", hubIP + "/24", "dev", bridge},
+		{"-n", hubNS, "link", "set", bridge, "up"},
+	}
+	for _, n := range Nodes {
+		ns := nodeNS(n)
+		steps = append(steps,
+			[]string{"netns", "add", ns},
+			[]string{"-n", ns, "link", "set", "lo", "up"},
+			[]string{"link", "add", hubVeth(n), "netns", hubNS, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"-n", hubNS, "link", "set", hubVeth(n), "master", bridge, "up"},
+			[]string{"-n", ns, "addr", "add", nodeIP(n) + "/24", "dev", "eth0"},
+			[]string{"-n", ns, "link", "set", "eth0", "up"},
+		)
+	}
+	for _, s := range steps {
+		if _, err := ip(ctx, s...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// netDown deletes our namespaces, first killing whatever still runs in
+// them: by construction only our nodes' processes (each namespace's epmd,
+// a VM that would not stop). Namespaces of anyone else are left alone.
+func netDown() error {
+	var errs []error
+	for _, ns := range []string{nodeNS(A), nodeNS(B), nodeNS(C), hubNS} {
+		if _, err := os.Stat(nsPath(ns)); err != nil {
+			continue
+		}
+		out, _ := ip(context.Background(), "netns", "pids", ns)
+		var pids []int
+		for f := range strings.FieldsSeq(out) {
+			if p, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, p)
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		for _, p := range pids {
+			if !waitGone(ctx, p) {
+				errs = append(errs, fmt.Errorf("cluster: pid %d in namespace %s survived kill -9", p, ns))
+			}
+		}
+		cancel()
+		if _, err := ip(context.Background(), "netns", "del", ns); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Partition cuts node n off, as how says. Cuts add up; [Cluster.Heal]
+// undoes them all.
+func (c *Cluster) Partition(n Node, how Cut) error {
+	if err := n.check(); err != nil {
+		return err
+	}
+	ctx := context.Background()
+	switch how {
+	case CutFull:
+		if _, err := ip(ctx, "-n", hubNS, "link", "set", hubVeth(n), "down"); err != nil {
+			return err
+		}
+	case CutPeers:
+		// Blackhole routes on both ends: packets vanish silently. (tc's
+		// drop action needs a module this kernel lacks, and there is no
+		// iptables or nft.)
+		for _, o := range Nodes {
+			if o == n {
+				continue
+			}
+			if _, err := ip(ctx, "-n", nodeNS(n), "route", "replace", "blackhole", nodeIP(o)+"/32"); err != nil {
+				return err
+			}
+			if _, err := ip(ctx, "-n", nodeNS(o), "route", "replace", "blackhole", nodeIP(n)+"/32"); err != nil {
+				return err
+			}
+		}
+	default:
+		return fmt.Errorf("cluster: unknown cut %d", how)
+	}
+	c.log.Info("partitioned", "node", n, "cut", how)
+	return nil
+}
+
+// Heal removes every blackhole route and sets every hub link up again.
+// Whether the nodes then merge again depends on the partition handling
+// mode and on whether they noticed the cut at all; see
+// [Cluster.WaitRunning].
+func (c *Cluster) Heal() error {
+	ctx := context.Background()
+	var errs []error
+	for _, n := range Nodes {
+		out, err := ip(ctx, "-n", nodeNS(n), "route", "show", "type", "blackhole")
+		if err != nil {
+			errs = append(errs, err)
+		}
+		for line := range strings.Lines(out) {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == "blackhole" {
+				if _, err := ip(ctx, "-n", nodeNS(n), "route", "del", "blackhole", f[1]); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if _, err := ip(ctx, "-n", hubNS, "link", "set", hubVeth(n), "up"); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c.log.Info("healed")
+	return errors.Join(errs...)
+}
+
+// Dial connects to addr from inside the hub namespace, where the nodes are
+// reachable. It fits amqp.Config.Dial.
+func (c *Cluster) Dial(network, addr string) (net.Conn, error) {
+	return c.DialContext(context.Background(), network, addr)
+}
+
+// DialContext is [Cluster.Dial] bounded by ctx. The returned connection is
+// an ordinary net.Conn: a socket belongs to the namespace it was created
+// in, whatever thread uses it later.
+func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return dialIn(ctx, nsPath(hubNS), network, addr)
+}
+
+// dialIn creates a socket inside the network namespace at nsFile and
+// connects it.
+//
+// A network namespace belongs to a thread, so the dial runs on a goroutine
+// locked to its thread, which enters the namespace and leaves it again. If
+// leaving fails the goroutine exits still locked, and the runtime then
+// ends that thread rather than reuse it in the wrong namespace.
+func dialIn(ctx context.Context, nsFile, network, addr string) (net.Conn, error) {
+	type result struct {
+		conn net.Conn
+		err  error
+	}
+	res := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		restored := false
+		defer func() {
+			if restored {
+				runtime.UnlockOSThread()
+			}
+		}()
+		self, err := os.Open("/proc/self/task/" + strconv.Itoa(gettid()) + "/ns/net")
+		if err != nil {
+			restored = true // never left it
+			res <- result{err: fmt.Errorf("cluster: current network namespace: %w", err)}
+			return
+		}
+		defer self.Close()
+		target, err := os.Open(nsFile)
+		if err != nil {
+			restored = true
+			res <- result{err: fmt.Errorf("cluster: %w", err)}
+			return
+		}
+		err = setns(target)
+		target.Close()
+		if err != nil {
+			restored = true // setns failed: still where we were
+			res <- result{err: fmt.Errorf("cluster: enter %s: %w", nsFile, err)}
+			return
+		}
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, network, addr)
+		if rerr := setns(self); rerr != nil {
+			if conn != nil {
+				conn.Close()
+			}
+			res <- result{err: fmt.Errorf("cluster: leave %s: %w", nsFile, rerr)}
+			return
+		}
+		restored = true
+		res <- result{conn, err}
+	}()
+	r := <-res
+	return r.conn, r.err
+}
