@@ -26,6 +26,10 @@
 //     legacyread).
 //   - LegacyAutoDrain: legacy plus a goroutine that loops DrainEvents
 //     (amqp.LegacyOptions.AutoDrain), for code that does not drain.
+//
+// DialCluster dials a cluster from several URLs in any mode, bounded by a
+// context, and gives the connection the same list (amqp.Endpoints) so
+// that its automatic recovery moves on to the next node.
 package compat
 
 import (
@@ -94,12 +98,15 @@ func ModeFromEnv() (Mode, error) {
 	return m, nil
 }
 
-// Option tunes a mode without changing the one-option form of Dial.
+// Option tunes a mode without changing the one-option form of Dial, or
+// DialCluster (WithOrder, WithEndpointTLS, WithConfig, WithBackoff,
+// WithMaxAttempts, WithAttemptTimeout, WithDialer, WithLogger).
 type Option func(*options)
 
 type options struct {
 	drainer amqp.DrainerOptions
 	legacy  amqp.LegacyOptions
+	cluster cluster // DialCluster's options (cluster.go)
 }
 
 // WithDrainerOptions tunes drainer mode (budget, close timeout). Other

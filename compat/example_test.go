@@ -1,7 +1,11 @@
 package compat_test
 
 import (
+	"context"
+	"crypto/tls"
 	"log"
+	"log/slog"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -54,4 +58,28 @@ func ExampleLegacyAutoDrain() {
 	}
 	defer conn.Close()
 	log.Print(conn.ReadMode()) // "legacy-autodrain"
+}
+
+// DialCluster dials the first node of a cluster that answers, and the
+// connection's automatic recovery moves on along the same list when its
+// node goes away.
+func ExampleDialCluster() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := compat.DialCluster(ctx, []string{
+		"amqp://guest:guest@rabbit-1:5672/",
+		"amqp://guest:guest@rabbit-2:5672/",
+		"amqps://guest:guest@rabbit-3:5671/",
+	}, compat.Drainer,
+		compat.WithOrder(amqp.RoundRobin),
+		compat.WithEndpointTLS("amqps://guest:guest@rabbit-3:5671/", &tls.Config{ServerName: "rabbit-3.internal"}),
+		compat.WithConfig(amqp.Config{Recovery: &amqp.Recovery{}}),
+		compat.WithBackoff(100*time.Millisecond, 5*time.Second),
+		compat.WithAttemptTimeout(5*time.Second),
+		compat.WithLogger(slog.Default()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	log.Print("connected to ", compat.Endpoint(conn))
 }
