@@ -23,9 +23,9 @@ reliability: vendor
 soak: vendor
 	AMQP091_RELIABILITY=full $(GO) test -race -count=1 -v -timeout 20m -run TestSoak ./reliability/soak
 
-## cluster: the cluster suites (internal/cluster, reliability/cluster) on a three-node RabbitMQ cluster in network namespaces; as root with RabbitMQ installed, else one "skipped:" line
+## cluster: the cluster suites (internal/cluster, reliability/cluster: every fault 3 times in every mode) on a three-node RabbitMQ cluster in network namespaces; as root with RabbitMQ installed, else one "skipped:" line
 cluster:
-	@scripts/cluster-tests
+	@scripts/cluster-tests full
 
 ## bench: the A/B benchmark suite with defaults (3 reps, every scenario); writes BENCHMARKS.md
 bench: vendor

@@ -23,8 +23,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // must not pay it.
 func enabled(t *testing.T) {
 	t.Helper()
-	if os.Getenv("AMQP091_CLUSTER") != "1" {
-		t.Skip("cluster: set AMQP091_CLUSTER=1 to run (make cluster)")
+	switch os.Getenv("AMQP091_CLUSTER") {
+	case "1", "short", "full":
+	default:
+		t.Skip("cluster: set AMQP091_CLUSTER=short or full to run (make cluster, .ci/run)")
 	}
 	if ok, why := Usable(); !ok {
 		t.Skip(why)

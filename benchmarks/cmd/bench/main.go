@@ -92,12 +92,19 @@ func runSuite(ctx context.Context, cfg config) error {
 	}
 	defer sweep(env.BrokerURL, toxURL)
 
-	plan, err := makePlan(cfg, bins)
-	if err != nil {
-		return err
+	// The failover scenario needs a cluster of its own and runs after the
+	// per-process scenarios (failover.go).
+	var (
+		plan plan
+		runs []run
+	)
+	if planCfg, others := withoutFailover(cfg); others {
+		if plan, err = makePlan(planCfg, bins); err != nil {
+			return err
+		}
+		logf("%d measurements planned", plan.count())
+		runs = plan.execute(ctx, runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick})
 	}
-	logf("%d measurements planned", plan.count())
-	runs := plan.execute(ctx, runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick})
 	env.Seconds = time.Since(start).Seconds()
 	env.Reps, env.Quick = cfg.reps, cfg.quick
 
@@ -112,6 +119,12 @@ func runSuite(ctx context.Context, cfg config) error {
 		logf("micro-benchmarks (benchmarks/micro), both builds")
 		if suite.Micro, err = runMicro(ctx, cfg.quick); err != nil {
 			return err
+		}
+	}
+	if failoverWanted(cfg) {
+		suite.Failover = runFailover(ctx, cfg)
+		if suite.Failover.Skipped != "" {
+			logf("failover: skipped: %s", suite.Failover.Skipped)
 		}
 	}
 	if err := writeJSON(filepath.Join(cfg.results, "results.json"), suite); err != nil {

@@ -126,6 +126,7 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 		}
 	}
 	writeMicro(w, s.Micro)
+	writeFailover(w, s.Failover)
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 

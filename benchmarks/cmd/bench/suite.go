@@ -130,6 +130,7 @@ type suite struct {
 	Env       environment      `json:"environment"`
 	Scenarios []scenarioResult `json:"scenarios"`
 	Micro     *microResult     `json:"micro,omitempty"`
+	Failover  *failoverResult  `json:"failover,omitempty"`
 }
 
 // scenarioResult is one scenario's results.

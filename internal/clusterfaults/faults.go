@@ -1,0 +1,173 @@
+// Package clusterfaults runs publishers and consumers against a real
+// three-node RabbitMQ cluster (package internal/cluster) while a fault is
+// injected, and measures what each read mode's client made of it: the time
+// from the fault to the first new confirm, the longest gap between
+// confirms, nacks, duplicates, and confirmed messages lost.
+//
+// One fault is one Cell. Every variant (upstream, drainer, legacy) runs in
+// the same cell at the same time, each on its own quorum queue, so that a
+// costly fault (a node killed and booted again) is paid once for all of
+// them and every variant sees the very same fault.
+//
+// The reliability suite (reliability/cluster) asserts on the results; the
+// benchmark scenario "failover" reports them.
+package clusterfaults
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster"
+)
+
+// A Fault is one thing done to the cluster while clients run.
+type Fault struct {
+	// ID is short and stable (the issue's numbering): 1, 2, 3, 4, 5, 6a, 6b.
+	ID string
+	// Name says what happens, for tables.
+	Name string
+	// Leader is where each variant's quorum queue is declared, so where
+	// its leader starts (RabbitMQ places a new quorum queue's leader on
+	// the declaring client's node). Publisher and Consumer are the nodes
+	// the clients first connect to.
+	Leader, Publisher, Consumer cluster.Node
+	// Inject does the fault.
+	Inject func(ctx context.Context, c *cluster.Cluster) error
+	// Hold is how long a cut is kept before Repair; zero repairs as soon
+	// as every variant has resumed (or Window ran out).
+	Hold time.Duration
+	// Repair undoes the fault and waits until three nodes run again. Its
+	// note, if any, says what it found (a partition still recorded after
+	// the heal).
+	Repair func(ctx context.Context, c *cluster.Cluster) (note string, err error)
+	// CloseDuring also times Connection.Close, in every variant, on a
+	// connection to the publisher's node whose confirm is stalled by the
+	// fault (the issue's fault 7).
+	CloseDuring bool
+	// Partition marks a cut, whose resume target is the confirm timeout
+	// or heartbeat rather than the 1 s of a node's death.
+	Partition bool
+}
+
+// Faults are the issue's faults 1 to 7 (7 rides on 5). hold is how long a
+// partition is kept.
+func Faults(hold time.Duration) []Fault {
+	restart := func(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+		return func(ctx context.Context, c *cluster.Cluster) (string, error) {
+			if err := c.Restart(ctx, n); err != nil {
+				return "", err
+			}
+			return "", c.WaitRunning(ctx, 3)
+		}
+	}
+	kill := func(n cluster.Node) func(context.Context, *cluster.Cluster) error {
+		return func(_ context.Context, c *cluster.Cluster) error { return c.Kill(n) }
+	}
+	cut := func(n cluster.Node, how cluster.Cut) func(context.Context, *cluster.Cluster) error {
+		return func(_ context.Context, c *cluster.Cluster) error { return c.Partition(n, how) }
+	}
+	heal := func(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+		return func(ctx context.Context, c *cluster.Cluster) (string, error) { return HealAndRejoin(ctx, c, n) }
+	}
+	return []Fault{
+		{ID: "1", Name: "kill -9 of the queue leader (no client on it)",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: kill(cluster.A), Repair: restart(cluster.A)},
+		{ID: "2", Name: "kill -9 of the publisher's node, the leader",
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: kill(cluster.B), Repair: restart(cluster.B)},
+		{ID: "3", Name: "stop_app of the publisher's node, the leader",
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: func(ctx context.Context, c *cluster.Cluster) error { return c.StopApp(ctx, cluster.B) },
+			Repair: func(ctx context.Context, c *cluster.Cluster) (string, error) {
+				if err := c.StartApp(ctx, cluster.B); err != nil {
+					return "", err
+				}
+				return "", c.WaitRunning(ctx, 3)
+			}},
+		{ID: "4", Name: "kill -9 of the consumer's node",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: kill(cluster.C), Repair: restart(cluster.C)},
+		{ID: "5+7", Name: "the publisher's node cut from its peers, still reachable; Close() during the cut",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: cut(cluster.B, cluster.CutPeers), Hold: hold, Repair: heal(cluster.B),
+			CloseDuring: true, Partition: true},
+		{ID: "6a", Name: "link of the publisher's node cut",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: cut(cluster.B, cluster.CutFull), Hold: hold, Repair: heal(cluster.B), Partition: true},
+		{ID: "6b", Name: "link of the consumer's node cut",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: cut(cluster.C, cluster.CutFull), Hold: hold, Repair: heal(cluster.C), Partition: true},
+	}
+}
+
+// HealAndRejoin undoes every cut, then makes node n whole again. In
+// RabbitMQ's default `ignore` partition handling a healed partition stays
+// recorded (both sides keep treating the other as down) until the
+// minority node's app is restarted, so n is restarted if any node still
+// reports a partition; the note says so. Then it waits for three running
+// nodes.
+func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note string, err error) {
+	if err := c.Heal(); err != nil {
+		return "", err
+	}
+	// The nodes notice each other again within a tick or two; a partition
+	// is recorded then, if at all.
+	var parts map[string][]string
+	waitFor(ctx, 15*time.Second, func() bool {
+		parts, err = Partitions(ctx, c)
+		return err == nil && len(parts) > 0
+	})
+	if len(parts) > 0 {
+		note = fmt.Sprintf("partition still recorded after the heal (%v): restarted %s's app", parts, n)
+		if err := c.StopApp(ctx, n); err != nil {
+			return note, fmt.Errorf("restarting %s after a recorded partition: %w", n, err)
+		}
+		if err := c.StartApp(ctx, n); err != nil {
+			return note, fmt.Errorf("restarting %s after a recorded partition: %w", n, err)
+		}
+	}
+	return note, c.WaitRunning(ctx, 3)
+}
+
+// Partitions returns the partitions any running node reports, by node.
+func Partitions(ctx context.Context, c *cluster.Cluster) (map[string][]string, error) {
+	out := map[string][]string{}
+	var lastErr error
+	asked := 0
+	for _, n := range cluster.Nodes {
+		if !c.Running(ctx, n) {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		s, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
+		cancel()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		var st struct {
+			Partitions map[string][]string `json:"partitions"`
+		}
+		if err := json.Unmarshal([]byte(s), &st); err != nil {
+			lastErr = fmt.Errorf("cluster_status of %s: %w", n, err)
+			continue
+		}
+		asked++
+		for k, v := range st.Partitions {
+			if len(v) > 0 {
+				out[k] = v
+			}
+		}
+	}
+	if asked == 0 {
+		if lastErr == nil {
+			lastErr = errors.New("no node is running")
+		}
+		return nil, lastErr
+	}
+	return out, nil
+}

@@ -1,0 +1,164 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/clusterfaults"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// EnvVar selects how much runs: short (each fault once) or full (three
+// rounds). Unset skips the suite.
+const EnvVar = "AMQP091_CLUSTER"
+
+// rounds reads EnvVar; zero skips.
+func rounds(t *testing.T) int {
+	switch v := os.Getenv(EnvVar); v {
+	case "":
+		t.Skipf("%s is not set: the cluster suite runs under make cluster (full) and .ci/run (short)", EnvVar)
+	case "short", "1":
+		return 1
+	case "full":
+		return 3
+	default:
+		t.Fatalf("%s=%q: want short or full", EnvVar, v)
+	}
+	return 0
+}
+
+// shared is the package's one cluster: booting three nodes costs half a
+// minute, so every test uses the same, and it stops when the binary ends.
+var shared struct {
+	once sync.Once
+	c    *cluster.Cluster
+	err  error
+}
+
+// startCluster returns the package's cluster, starting it on first use.
+func startCluster(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	if ok, reason := cluster.Usable(); !ok {
+		t.Skip("skipped: " + reason)
+	}
+	shared.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		t0 := time.Now()
+		shared.c, shared.err = cluster.Start(ctx, cluster.Options{
+			// RabbitMQ's default partition handling; a short tick so that
+			// a cut is noticed (and a healed partition recorded) within a
+			// cell's hold.
+			PartitionHandling: "ignore",
+			NetTicktime:       5,
+		})
+		if shared.err != nil {
+			return
+		}
+		t.Logf("cluster of three up in %v", time.Since(t0).Round(100*time.Millisecond))
+		c := shared.c
+		if err := testenv.AtExit(func() {
+			if err := c.Stop(); err != nil {
+				fmt.Fprintf(os.Stderr, "stopping the cluster: %v\n", err)
+			}
+		}); err != nil {
+			_ = c.Stop()
+			shared.err = err
+		}
+	})
+	if shared.err != nil {
+		t.Fatalf("starting the cluster: %v", shared.err)
+	}
+	return shared.c
+}
+
+// TestFaults runs every fault in every variant and checks the books.
+func TestFaults(t *testing.T) {
+	n := rounds(t)
+	c := startCluster(t)
+	cfg := clusterfaults.Config{Cluster: c, Logf: t.Logf}
+	faults := clusterfaults.Faults(12 * time.Second)
+	var all []clusterfaults.Result
+	for round := 1; round <= n; round++ {
+		for _, f := range faults {
+			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+			res := clusterfaults.RunCell(ctx, cfg, f, round)
+			cancel()
+			all = append(all, res...)
+			check(t, cfg, res)
+		}
+	}
+	table := "Faults:\n\n" + clusterfaults.Legend(faults) + "\n" + clusterfaults.Table(cfg, all)
+	t.Log("\n" + table)
+	writeReport(t, table)
+}
+
+// check asserts what the suite guarantees, with generous bounds; the
+// timing targets are the benchmark's.
+func check(t *testing.T, cfg clusterfaults.Config, res []clusterfaults.Result) {
+	t.Helper()
+	for _, r := range res {
+		cell := fmt.Sprintf("fault %s round %d %s", r.Fault.ID, r.Round, r.Variant.Name)
+		if r.RepairNote != "" {
+			t.Logf("%s: %s", cell, r.RepairNote)
+		}
+		if len(r.Errors) > 0 {
+			t.Logf("%s: publish errors: %s", cell, strings.Join(r.Errors, "; "))
+		}
+		if r.Variant.Baseline {
+			// Upstream mode is measured and reported, not judged; a loss
+			// there would still be news.
+			if r.Lost > 0 {
+				t.Logf("%s: upstream mode lost %d confirmed messages, e.g. %v", cell, r.Lost, r.LostIDs)
+			}
+			continue
+		}
+		if r.Err != nil {
+			t.Errorf("%s: %v", cell, r.Err)
+		}
+		if r.Lost > 0 {
+			t.Errorf("%s: %d confirmed messages neither consumed nor in the queue, e.g. %v", cell, r.Lost, r.LostIDs)
+		}
+		if r.Phantoms > 0 {
+			t.Errorf("%s: %d messages found that were never published", cell, r.Phantoms)
+		}
+		if r.Confirmed == 0 {
+			t.Errorf("%s: nothing confirmed", cell)
+		}
+		if !r.Resumed {
+			t.Errorf("%s: publishing did not resume within %v of the fault", cell, 30*time.Second)
+		}
+		// Every publish call returns by its own deadline (30 s), give or
+		// take scheduling.
+		if r.Longest > 35*time.Second {
+			t.Errorf("%s: a publish call took %v, past its 30 s deadline", cell, r.Longest)
+		}
+		if r.Fault.CloseDuring && r.Close > 2*time.Second+5*time.Second {
+			t.Errorf("%s: Close during the cut took %v; CloseTimeout is 2 s", cell, r.Close)
+		}
+	}
+}
+
+// writeReport leaves the table under .cache/cluster for the README.
+func writeReport(t *testing.T, table string) {
+	dir := filepath.Join("..", "..", ".cache", "cluster")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("report: %v", err)
+		return
+	}
+	p := filepath.Join(dir, "faults.md")
+	if err := os.WriteFile(p, []byte(table), 0o644); err != nil {
+		t.Logf("report: %v", err)
+		return
+	}
+	t.Logf("table written to %s", p)
+}
