@@ -88,17 +88,6 @@ func (b *book) confirmedCount() int {
 	return len(b.confirmed)
 }
 
-// foundCount is the number of deliveries and gets so far.
-func (b *book) foundCount() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n := 0
-	for _, c := range b.found {
-		n += c
-	}
-	return n
-}
-
 // resumedAfter returns how long after t the first message first published
 // after t was confirmed, and whether one was.
 func (b *book) resumedAfter(t time.Time) (time.Duration, bool) {
