@@ -270,6 +270,11 @@ func TestCluster(t *testing.T) {
 	t.Run("a partition the nodes notice heals (autoheal)", func(t *testing.T) {
 		// Longer than net_ticktime this time: a and c declare b down,
 		// and after the heal autoheal restarts the losing side.
+		if os.Getenv("AMQP091_CLUSTER") == "short" {
+			// A minute and a half at ticktime 20; CI's short cycle has
+			// reliability/cluster's pin of a noticed partition instead.
+			t.Skip("AMQP091_CLUSTER=short: make cluster runs it")
+		}
 		if err := c.Partition(B, CutPeers); err != nil {
 			t.Fatal(err)
 		}
