@@ -125,13 +125,14 @@ type Result struct {
 }
 
 // ResumeTarget is the target for the time to resume: the confirm
-// timeout + 1 s after the publisher's node is cut from its peers (5);
+// timeout + 1 s after the publisher's node is cut from its peers (5, 5pm);
 // 1.5 × heartbeat + 1 s after its link is cut (6a); 1 s otherwise (a
 // node's death, the nack storm included, or a fault away from the
 // publisher).
-func (c *Config) ResumeTarget(f Fault) time.Duration {
+func (c Config) ResumeTarget(f Fault) time.Duration {
+	c.defaults()
 	switch f.ID {
-	case "5+7":
+	case "5+7", "5pm":
 		return c.ConfirmTimeout + time.Second
 	case "6a":
 		return c.Heartbeat*3/2 + time.Second
@@ -227,7 +228,7 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 	}
 
 	// Warm up: every variant confirms a second's worth before the fault.
-	warm := waitFor(ctx, 30*time.Second, func() bool {
+	warm := WaitFor(ctx, 30*time.Second, func() bool {
 		for _, r := range runs {
 			if r.err == nil && r.b.confirmedCount() < cfg.Rate {
 				return false
@@ -252,7 +253,7 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 
 	// Wait until every variant resumed, or the window ends; then hold a
 	// cut for its time, or keep publishing a little after a kill.
-	waitFor(ctx, cfg.Window, func() bool {
+	WaitFor(ctx, cfg.Window, func() bool {
 		for _, r := range runs {
 			if _, ok := r.b.resumedAfter(tFault); r.err == nil && !ok {
 				return false
@@ -288,7 +289,7 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 	}
 
 	// Let the consumers catch up with the queues, then fetch what is left.
-	waitFor(ctx, 60*time.Second, func() bool {
+	WaitFor(ctx, 60*time.Second, func() bool {
 		for _, r := range runs {
 			if n, err := r.depth(ctx, c); err != nil || n > 0 {
 				return false
@@ -342,9 +343,10 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 // certainly stalled, short against the hold.
 func stallProof(cfg Config) time.Duration { return cfg.ConfirmTimeout }
 
-// waitFor polls cond until it holds or d passes; it reports whether it
-// held. Polling, not sleeping: the condition is the synchronisation.
-func waitFor(ctx context.Context, d time.Duration, cond func() bool) bool {
+// WaitFor polls cond until it holds or d passes (or ctx ends); it reports
+// whether it held. Polling, not sleeping: the condition is the
+// synchronisation.
+func WaitFor(ctx context.Context, d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	t := time.NewTicker(20 * time.Millisecond)
 	defer t.Stop()

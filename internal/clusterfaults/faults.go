@@ -52,7 +52,8 @@ type Fault struct {
 	Partition bool
 }
 
-// Faults are the issue's faults 1 to 7 (7 rides on 5). hold is how long a
+// Faults are the issue's faults 1 to 7 (7 rides on 5; 5pm is 5 under
+// pause_minority instead of RabbitMQ's default ignore). hold is how long a
 // partition is kept.
 func Faults(hold time.Duration) []Fault {
 	restart := func(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
@@ -95,6 +96,24 @@ func Faults(hold time.Duration) []Fault {
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
 			Inject: cut(cluster.B, cluster.CutPeers), Hold: hold, Repair: heal(cluster.B),
 			CloseDuring: true, Partition: true},
+		{ID: "5pm", Name: "the publisher's node cut from its peers, pause_minority",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: func(ctx context.Context, c *cluster.Cluster) error {
+				if err := SetPartitionHandling(ctx, c, "pause_minority"); err != nil {
+					return err
+				}
+				return c.Partition(cluster.B, cluster.CutPeers)
+			},
+			Hold: hold,
+			Repair: func(ctx context.Context, c *cluster.Cluster) (string, error) {
+				// The paused node resumes by itself once it sees its peers.
+				note, err := HealAndRejoin(ctx, c, cluster.B)
+				if err != nil {
+					return note, err
+				}
+				return note, SetPartitionHandling(ctx, c, "ignore")
+			},
+			Partition: true},
 		{ID: "6a", Name: "link of the publisher's node cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
 			Inject: cut(cluster.B, cluster.CutFull), Hold: hold, Repair: heal(cluster.B), Partition: true},
@@ -117,7 +136,7 @@ func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (not
 	// The nodes notice each other again within a tick or two; a partition
 	// is recorded then, if at all.
 	var parts map[string][]string
-	waitFor(ctx, 15*time.Second, func() bool {
+	WaitFor(ctx, 15*time.Second, func() bool {
 		parts, err = Partitions(ctx, c)
 		return err == nil && len(parts) > 0
 	})
@@ -131,6 +150,21 @@ func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (not
 		}
 	}
 	return note, c.WaitRunning(ctx, 3)
+}
+
+// SetPartitionHandling sets cluster_partition_handling on every node at
+// run time (RabbitMQ reads it when a partition is detected), so that one
+// cluster serves both `ignore` and `pause_minority` cells.
+func SetPartitionHandling(ctx context.Context, c *cluster.Cluster, mode string) error {
+	for _, n := range cluster.Nodes {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := c.Ctl(cctx, n, "eval", fmt.Sprintf("application:set_env(rabbit, cluster_partition_handling, %s).", mode))
+		cancel()
+		if err != nil {
+			return fmt.Errorf("setting cluster_partition_handling %s on %s: %w", mode, n, err)
+		}
+	}
+	return nil
 }
 
 // Partitions returns the partitions any running node reports, by node.

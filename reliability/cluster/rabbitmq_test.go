@@ -151,7 +151,7 @@ func TestRabbitMQHealedPartitionStaysRecorded(t *testing.T) {
 		}
 	}()
 	// Noticed: a no longer counts b as running (net_ticktime 5 s).
-	noticed := poll(ctx, time.Minute, func() bool {
+	noticed := clusterfaults.WaitFor(ctx, time.Minute, func() bool {
 		running, err := runningNodes(ctx, c, cluster.A)
 		return err == nil && !strings.Contains(running, "amqpd-b")
 	})
@@ -163,7 +163,7 @@ func TestRabbitMQHealedPartitionStaysRecorded(t *testing.T) {
 	}
 	healed = true
 	var parts map[string][]string
-	recorded := poll(ctx, 30*time.Second, func() bool {
+	recorded := clusterfaults.WaitFor(ctx, 30*time.Second, func() bool {
 		p, err := clusterfaults.Partitions(ctx, c)
 		parts = p
 		return err == nil && len(p) > 0
@@ -173,7 +173,7 @@ func TestRabbitMQHealedPartitionStaysRecorded(t *testing.T) {
 	}
 	t.Logf("recorded after the heal: %v", parts)
 	// Still recorded four ticks later.
-	cleared := poll(ctx, 20*time.Second, func() bool {
+	cleared := clusterfaults.WaitFor(ctx, 20*time.Second, func() bool {
 		p, err := clusterfaults.Partitions(ctx, c)
 		return err == nil && len(p) == 0
 	})
@@ -197,22 +197,4 @@ func runningNodes(ctx context.Context, c *cluster.Cluster, n cluster.Node) (stri
 		return "", err
 	}
 	return strings.Join(st.Running, " "), nil
-}
-
-// poll checks cond every 200 ms until it holds or d passes.
-func poll(ctx context.Context, d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	t := time.NewTicker(200 * time.Millisecond)
-	defer t.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-t.C:
-		}
-	}
-	return true
 }
