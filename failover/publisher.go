@@ -352,14 +352,7 @@ func (p *Publisher) Close() error {
 		case <-p.done:
 		case <-stuck.C:
 			p.mu.Lock()
-			if g := p.cur; g != nil {
-				p.retireLocked(g, errClosed)
-			}
-			for e := p.queue.Front(); e != nil; e = p.queue.Front() {
-				m := p.queue.Remove(e).(*message)
-				m.qelem = nil
-				p.settle(m, errClosed)
-			}
+			p.failAllLocked()
 			p.mu.Unlock()
 			p.closeErr = fmt.Errorf("failover: Close: DialFunc did not return within CloseTimeout (%v); it should honour its ctx", p.o.CloseTimeout)
 			return
@@ -367,14 +360,7 @@ func (p *Publisher) Close() error {
 		p.mu.Lock()
 		conn := p.conn
 		p.conn = nil
-		if g := p.cur; g != nil {
-			p.retireLocked(g, errClosed)
-		}
-		for e := p.queue.Front(); e != nil; e = p.queue.Front() {
-			m := p.queue.Remove(e).(*message)
-			m.qelem = nil
-			p.settle(m, errClosed)
-		}
+		p.failAllLocked()
 		p.mu.Unlock()
 		if conn != nil {
 			// CloseDeadline's deadline bounds the close handshake in
@@ -779,5 +765,18 @@ func connEnds(cg *connGen, wait time.Duration) bool {
 		return true
 	case <-t.C:
 		return cg.conn.IsClosed()
+	}
+}
+
+// failAllLocked retires the current channel and fails every message
+// still queued with the publisher's closed error. p.mu is held.
+func (p *Publisher) failAllLocked() {
+	if g := p.cur; g != nil {
+		p.retireLocked(g, errClosed)
+	}
+	for e := p.queue.Front(); e != nil; e = p.queue.Front() {
+		m := p.queue.Remove(e).(*message)
+		m.qelem = nil
+		p.settle(m, errClosed)
 	}
 }

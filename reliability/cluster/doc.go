@@ -22,7 +22,7 @@
 // benchmark, not here.
 //
 // A plain go test ./... skips it. AMQP091_CLUSTER=short (.ci/run) runs each
-// fault once; AMQP091_CLUSTER=full (make cluster) three times, 21 faults
+// fault once; AMQP091_CLUSTER=full (make cluster) three times, 24 faults
 // per mode. Where the machine cannot run a cluster (not root, no ip netns,
 // no RabbitMQ install) it skips with the reason.
 package cluster
