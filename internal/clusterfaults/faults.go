@@ -18,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster"
@@ -123,33 +124,74 @@ func Faults(hold time.Duration) []Fault {
 	}
 }
 
-// HealAndRejoin undoes every cut, then makes node n whole again. In
+// HealAndRejoin undoes every cut, then makes the cluster whole again. In
 // RabbitMQ's default `ignore` partition handling a healed partition stays
-// recorded (both sides keep treating the other as down) until the
-// minority node's app is restarted, so n is restarted if any node still
-// reports a partition; the note says so. Then it waits for three running
-// nodes.
+// recorded (each side keeps treating the other as down) until the app of a
+// node on one side restarts. The node to restart is the one the others
+// name most in their records (usually n, the node that was cut; but which
+// side records what depends on who noticed first), and again until no
+// record is left; the note says what was done. Then it waits for three
+// running nodes.
 func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note string, err error) {
 	if err := c.Heal(); err != nil {
 		return "", err
 	}
-	// The nodes notice each other again within a tick or two; a partition
-	// is recorded then, if at all.
-	var parts map[string][]string
-	WaitFor(ctx, 15*time.Second, func() bool {
-		parts, err = Partitions(ctx, c)
-		return err == nil && len(parts) > 0
-	})
-	if len(parts) > 0 {
-		note = fmt.Sprintf("partition still recorded after the heal (%v): restarted %s's app", parts, n)
-		if err := c.StopApp(ctx, n); err != nil {
-			return note, fmt.Errorf("restarting %s after a recorded partition: %w", n, err)
+	var notes []string
+	for range len(cluster.Nodes) {
+		// The nodes notice each other again within a tick or two; a
+		// partition is recorded then, if at all.
+		var parts map[string][]string
+		WaitFor(ctx, 15*time.Second, func() bool {
+			parts, err = Partitions(ctx, c)
+			return err == nil && len(parts) > 0
+		})
+		if len(parts) == 0 {
+			break
 		}
-		if err := c.StartApp(ctx, n); err != nil {
-			return note, fmt.Errorf("restarting %s after a recorded partition: %w", n, err)
+		restart := loneNode(parts, n)
+		notes = append(notes, fmt.Sprintf("partition still recorded after the heal (%v): restarted %s's app", parts, restart))
+		if err := c.StopApp(ctx, restart); err != nil {
+			return strings.Join(notes, "; "), fmt.Errorf("restarting %s after a recorded partition: %w", restart, err)
+		}
+		if err := c.StartApp(ctx, restart); err != nil {
+			return strings.Join(notes, "; "), fmt.Errorf("restarting %s after a recorded partition: %w", restart, err)
 		}
 	}
-	return note, c.WaitRunning(ctx, 3)
+	return strings.Join(notes, "; "), c.WaitRunning(ctx, 3)
+}
+
+// loneNode picks the node to restart after a healed partition: the one
+// that is on its own, by its records and by the others' (its own list's
+// length plus how often the others name it; ties go to def). After a cut
+// of b, a and c each record b, and b records both; but a node that
+// noticed late can leave the records lopsided, naming another.
+func loneNode(parts map[string][]string, def cluster.Node) cluster.Node {
+	nodeOf := func(name string) (cluster.Node, bool) {
+		for _, n := range cluster.Nodes {
+			if strings.HasSuffix(name, "-"+string(n)) {
+				return n, true
+			}
+		}
+		return "", false
+	}
+	score := map[cluster.Node]int{}
+	for self, names := range parts {
+		if n, ok := nodeOf(self); ok {
+			score[n] += len(names)
+		}
+		for _, name := range names {
+			if n, ok := nodeOf(name); ok {
+				score[n]++
+			}
+		}
+	}
+	best := def
+	for _, n := range cluster.Nodes {
+		if score[n] > score[best] {
+			best = n
+		}
+	}
+	return best
 }
 
 // SetPartitionHandling sets cluster_partition_handling on every node at
