@@ -80,6 +80,16 @@ type DrainerOptions struct {
 	// (and for a blocked writer) before it closes the socket. Zero means
 	// 5 seconds.
 	CloseTimeout time.Duration
+
+	// RPCTimeout bounds the wait for the reply of every synchronous
+	// method (QueueDeclare, Qos, Channel, the handshake, ...), for code
+	// that cannot pass a context. A method without a reply within it
+	// returns an *RPCError matching ErrRPCTimeout, and its channel is
+	// closed (the connection, for a connection-level request), as when
+	// the ctx of a ...WithContext method ends. Close's own wait is bounded
+	// by CloseTimeout instead. Zero, the default, waits as upstream does:
+	// as long as the broker takes.
+	RPCTimeout time.Duration
 }
 
 const (
@@ -455,9 +465,18 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 // one that came before the end is in rpc by the time the end is seen.
 func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) error {
 	g := d.current()
+	timeout, stop := d.rpcTimer(d.c.closeStarted())
+	defer stop()
 	select {
 	case m := <-rpc:
 		return matchReply(m, res)
+	case <-timeout:
+		select {
+		case m := <-rpc:
+			return matchReply(m, res)
+		default:
+		}
+		return d.c.connTimedOut(res)
 	case <-g.dead:
 		select {
 		case m := <-rpc:
@@ -473,8 +492,10 @@ func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) err
 // unless its reply came before the end: upstream's reader hands a reply
 // over before it reads the next frame, so the caller gets the reply (see
 // replyBefore).
-func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res []message) error {
+func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := d.current()
+	timeout, stop := d.rpcTimer(isRetiring(ch))
+	defer stop()
 	var err error
 	select {
 	case msg := <-rpc:
@@ -482,6 +503,16 @@ func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res
 			return ErrClosed
 		}
 		return matchReply(msg, res)
+	case <-timeout:
+		select {
+		case msg := <-rpc:
+			if msg == nil {
+				return ErrClosed
+			}
+			return matchReply(msg, res)
+		default:
+		}
+		return ch.rpcTimedOut(res)
 	case e, ok := <-errs:
 		switch {
 		case ok:
@@ -498,6 +529,20 @@ func (d *drainConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res
 		return matchReply(msg, res)
 	}
 	return err
+}
+
+// rpcTimer returns the chan that fires at RPCTimeout, or nil (never fires)
+// when there is none or exempt is true, and the func that stops it.
+func (d *drainConn) rpcTimer(exempt bool) (<-chan time.Time, func() bool) {
+	return rpcTimer(d.opts.RPCTimeout, exempt)
+}
+
+// abandon fails the current generation with err, off the caller's
+// goroutine: the teardown waits for dispatchers (bounded.go).
+func (d *drainConn) abandon(err *Error) {
+	if g := d.current(); g != nil {
+		go d.fail(g, err)
+	}
 }
 
 // replyBefore returns a reply that arrived before the error or end that

@@ -52,6 +52,12 @@ type LegacyOptions struct {
 	// closes the socket. Zero means 5 seconds.
 	CloseTimeout time.Duration
 
+	// RPCTimeout bounds the wait for the reply of every synchronous
+	// method, as DrainerOptions.RPCTimeout does; the caller pumps frames
+	// meanwhile, as always in legacy mode. Zero, the default, waits as
+	// long as the broker takes.
+	RPCTimeout time.Duration
+
 	// AutoDrain adds what a legacy application must otherwise write
 	// itself to receive deliveries, confirms, notifications and
 	// heartbeats: a goroutine per connection generation that loops
@@ -750,23 +756,51 @@ func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) er
 	if l.isCalled() {
 		ctx = context.WithValue(ctx, closerKey{}, true)
 	}
+	ctx, cancel := l.rpcContext(ctx, l.c.closeStarted())
+	defer cancel()
 	m, err := l.await(ctx, g, rpc, nil, nil)
 	if err != nil {
+		if ctx.Err() != nil {
+			return l.c.connTimedOut(res)
+		}
 		return err
 	}
 	return matchReply(m, res)
 }
 
-func (l *legacyConn) chanCall(_ *Channel, errs chan *Error, rpc chan message, res []message) error {
+func (l *legacyConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := l.current()
-	m, err := l.await(context.Background(), g, rpc, errs, nil)
+	ctx, cancel := l.rpcContext(context.Background(), isRetiring(ch))
+	defer cancel()
+	m, err := l.await(ctx, g, rpc, errs, nil)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ch.rpcTimedOut(res)
+		}
 		return err
 	}
 	if m == nil {
 		return ErrClosed
 	}
 	return matchReply(m, res)
+}
+
+// rpcContext bounds a reply's wait by RPCTimeout, unless there is none or
+// exempt is true. The caller pumps under it, so its end also cuts a read
+// short.
+func (l *legacyConn) rpcContext(ctx context.Context, exempt bool) (context.Context, context.CancelFunc) {
+	if l.opts.RPCTimeout <= 0 || exempt {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, l.opts.RPCTimeout)
+}
+
+// abandon fails the current generation with err, off the caller's
+// goroutine (bounded.go).
+func (l *legacyConn) abandon(err *Error) {
+	if g := l.current(); g != nil {
+		go l.fail(g, err)
+	}
 }
 
 // waitConfirm pumps until a DeferredConfirmation is settled.

@@ -110,6 +110,11 @@ type readPath interface {
 	// shutdown runs first in every call of Connection.shutdown, with the
 	// same error (nil for an intentional close), before any lock is taken.
 	shutdown(err *Error)
+
+	// abandon ends the current generation with err, as a failed read
+	// would, without waiting: a connection-level request got no reply in
+	// time (bounded.go).
+	abandon(err *Error)
 }
 
 // defaultReadPath serves connections whose Config.ReadPath is nil when no

@@ -94,6 +94,7 @@ func (p *seamProbeConn) closing() { p.closings.Add(1) }
 func (p *seamProbeConn) drainEvents(ctx context.Context) error { return p.c.drainUpstream(ctx) }
 
 func (p *seamProbeConn) shutdown(*Error) { p.shutdowns.Add(1) }
+func (p *seamProbeConn) abandon(*Error)  {}
 
 // neverBlocked is the probe's publish gate: the probe forwards to
 // upstream's reader, which holds no publish back.

@@ -1,0 +1,370 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Bounded calls.
+//
+// Upstream's synchronous methods wait for their reply as long as the broker
+// takes. The context variants in bounded_methods.go run the very same
+// upstream method, on a goroutine of their own, and wait for it or for
+// their ctx, whichever comes first; nothing in upstream's code path
+// changes, in any read mode. The goroutine is what makes the bound hold
+// whatever the method is blocked in: the wait for the reply, the write of
+// the request, or a lock a blocked publisher holds.
+//
+// A caller who leaves before the reply cannot be matched to it later:
+// AMQP 0-9-1 replies carry no request id, and a channel has one RPC in
+// flight. So the channel is abandoned, as the Java client does after its
+// channelRpcTimeout:
+//
+//  1. The channel is marked closed, at once, so nothing more is sent on it.
+//  2. Its id is handed to a stand-in channel (retireChannel) that discards
+//     every frame for it (the late reply, deliveries in flight) and keeps
+//     the id reserved, so that no new channel can be given the id, nor the
+//     late reply.
+//  3. The channel is shut down as by Close: waiters get ErrClosed,
+//     deliveries and listeners are closed, pending confirmations nacked.
+//     Unacknowledged deliveries return to their queue when the broker
+//     closes the channel.
+//  4. The stand-in sends channel.close and waits for channel.close-ok,
+//     then releases the id. It waits as long as the broker takes (the
+//     broker that did not answer may still be blocked) or until the
+//     connection ends; it holds no lock meanwhile.
+//
+// A connection-level request has no channel to give up, so abandoning one
+// ends the connection (abandonConnection).
+
+// ErrRPCTimeout is the cause of an *RPCError from a synchronous method that
+// got no reply within DrainerOptions.RPCTimeout or LegacyOptions.RPCTimeout.
+var ErrRPCTimeout = errors.New("amqp: no reply within the RPC timeout")
+
+// RPCError is returned by a synchronous method whose reply did not come
+// before its context ended (a ...WithContext method) or before the read
+// mode's RPCTimeout. errors.Is(err, ctx.Err()) holds for the first,
+// errors.Is(err, ErrRPCTimeout) for the second. When the request had been
+// handed to the connection, the channel (for a channel-level request) or
+// the connection (for a connection-level one) is closed as a consequence,
+// and errors.Is(err, ErrClosed) holds too: open a new channel to go on.
+type RPCError struct {
+	// Method is the request, in the spec's dotted form ("queue.declare").
+	Method string
+	// Channel is the channel the request was sent on; 0 for the connection.
+	Channel uint16
+	// Err is ctx.Err() (or context.Cause) or ErrRPCTimeout.
+	Err error
+	// Closed reports whether the channel or connection was closed because
+	// the reply was given up on. It is false when the context had already
+	// ended before anything was sent.
+	Closed bool
+}
+
+func (e *RPCError) Error() string {
+	on := "connection"
+	if e.Channel != 0 {
+		on = fmt.Sprintf("channel %d", e.Channel)
+	}
+	if !e.Closed {
+		return fmt.Sprintf("amqp: %s on %s not sent: %v", e.Method, on, e.Err)
+	}
+	return fmt.Sprintf("amqp: %s on %s: no reply: %v (the %s is closed)", e.Method, on, e.Err, onKind(e.Channel))
+}
+
+func onKind(channel uint16) string {
+	if channel == 0 {
+		return "connection"
+	}
+	return "channel"
+}
+
+// Unwrap makes errors.Is match the cause, and ErrClosed once the channel
+// or connection is closed.
+func (e *RPCError) Unwrap() []error {
+	if e.Closed {
+		return []error{e.Err, ErrClosed}
+	}
+	return []error{e.Err}
+}
+
+// errNilContext is what a ...WithContext method returns for a nil ctx, as
+// the standard library's context-taking functions refuse one.
+var errNilContext = errors.New("amqp: nil Context")
+
+// boundedRun is one synchronous call running on its own goroutine. It is
+// pooled: a call that completes in time gives it back, an abandoned one
+// leaves it to the goroutine and the collector.
+type boundedRun struct {
+	call func() error
+	err  error
+	done chan struct{} // buffered: run never waits for the caller
+}
+
+var boundedRuns = sync.Pool{New: func() any { return &boundedRun{done: make(chan struct{}, 1)} }}
+
+func (r *boundedRun) run() {
+	r.err = r.call()
+	r.done <- struct{}{}
+}
+
+// finish returns the call's error and gives r back to the pool.
+func (r *boundedRun) finish() error {
+	err := r.err
+	r.call, r.err = nil, nil
+	boundedRuns.Put(r)
+	return err
+}
+
+// runBounded runs call bounded by ctx. It returns call's error if call
+// returns first. Otherwise it runs abandon, which must not block, and
+// returns the *RPCError for the caller. A ctx that cannot end (Done nil)
+// runs call on the caller's goroutine: exactly the plain method.
+func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error)) error {
+	if ctx == nil {
+		return errNilContext
+	}
+	if ctx.Done() == nil {
+		return call()
+	}
+	if ctx.Err() != nil {
+		return &RPCError{Method: method, Channel: channel, Err: context.Cause(ctx)}
+	}
+	r := boundedRuns.Get().(*boundedRun)
+	r.call = call
+	go r.run()
+	select {
+	case <-r.done:
+		return r.finish()
+	case <-ctx.Done():
+	}
+	select {
+	case <-r.done: // the reply and the end came together: the reply wins
+		return r.finish()
+	default:
+	}
+	cause := context.Cause(ctx)
+	abandon(cause)
+	return &RPCError{Method: method, Channel: channel, Err: cause, Closed: true}
+}
+
+// bounded runs call, one of ch's synchronous methods, bounded by ctx, and
+// abandons ch if ctx ends first.
+func (ch *Channel) bounded(ctx context.Context, method string, call func() error) error {
+	return runBounded(ctx, method, ch.id, call, func(error) { ch.abandon(method) })
+}
+
+// retiring holds the stand-ins of abandoned channels (retireChannel), so
+// that the read modes' RPC timeout never applies to a stand-in's own wait.
+var retiring sync.Map // *Channel → struct{}
+
+func isRetiring(ch *Channel) bool {
+	_, ok := retiring.Load(ch)
+	return ok
+}
+
+// abandon gives up ch after a caller left before the reply to method; see
+// the top of this file. It returns at once; the rest runs on a goroutine.
+// It does nothing when ch is closed or closing already, or was abandoned
+// by another caller.
+func (ch *Channel) abandon(method string) {
+	if stand := ch.takeOver(); stand != nil {
+		go ch.retire(stand, "abandoned "+method, nil)
+	}
+}
+
+// takeOver hands ch's id to a new stand-in channel and marks ch closed, or
+// returns nil when ch no longer holds its id.
+func (ch *Channel) takeOver() *Channel {
+	c := ch.connection
+	c.m.Lock()
+	defer c.m.Unlock()
+	if ch.closeInit.Load() || ch.IsClosed() || c.channels[ch.id] != ch {
+		return nil
+	}
+	ch.closeInit.Store(true) // no recovery brings it back
+	ch.setClosed()           // nothing more is sent on it
+	return c.standIn(ch.id)
+}
+
+// standIn registers and returns a stand-in for channel id; the caller
+// holds c.m.
+func (c *Connection) standIn(id uint16) *Channel {
+	stand := newChannel(c, id)
+	stand.closeInit.Store(true)
+	retiring.Store(stand, struct{}{})
+	c.channels[id] = stand
+	return stand
+}
+
+// rpcTimedOut gives up the reply that a plain synchronous method on ch
+// waited for longer than the read mode's RPCTimeout, and returns the
+// method's error. For Close, whose channel.close is on the wire already,
+// a stand-in only waits for the close-ok, so that the id Close releases
+// is not reused before it.
+func (ch *Channel) rpcTimedOut(res []message) error {
+	name := requestFor(res)
+	if name != "channel.close" {
+		ch.abandon(name)
+	} else if stand := ch.standInForClose(); stand != nil {
+		go func() {
+			_ = stand.awaitCloseOk()
+			ch.connection.dropStandIn(stand)
+		}()
+	}
+	return &RPCError{Method: name, Channel: ch.id, Err: ErrRPCTimeout, Closed: true}
+}
+
+func (ch *Channel) standInForClose() *Channel {
+	c := ch.connection
+	c.m.Lock()
+	defer c.m.Unlock()
+	if c.channels[ch.id] != ch {
+		return nil
+	}
+	return c.standIn(ch.id)
+}
+
+// connTimedOut is rpcTimedOut for a request on channel 0: it ends the
+// connection.
+func (c *Connection) connTimedOut(res []message) error {
+	name := requestFor(res)
+	c.rp.abandon(&Error{Code: InternalError, Reason: name + " got no reply within the RPC timeout", Recover: true})
+	return &RPCError{Method: name, Err: ErrRPCTimeout, Closed: true}
+}
+
+// closeStarted reports whether Close (or the library's own close) has
+// begun: its close-ok wait is bounded by CloseTimeout, not RPCTimeout.
+func (c *Connection) closeStarted() bool {
+	c.closeM.Lock()
+	defer c.closeM.Unlock()
+	return c.closeInit
+}
+
+// retire shuts ch down as Close does, then closes its id on the wire
+// through stand and releases the id once the broker has answered. done,
+// if not nil, receives the outcome of the close handshake.
+func (ch *Channel) retire(stand *Channel, reason string, done chan<- error) {
+	c := ch.connection
+	ch.closeRecovery()
+	ch.lifeCycle.SetState(StateClosing, nil)
+	c.closeChannel(ch, nil) // ch no longer holds its id: this only shuts ch down
+
+	err := stand.send(&channelClose{ReplyCode: replySuccess, ReplyText: reason})
+	if err == nil {
+		err = stand.awaitCloseOk()
+	}
+	c.dropStandIn(stand)
+	if done != nil {
+		done <- err
+	}
+}
+
+// awaitCloseOk waits for channel.close-ok on a stand-in, dropping the
+// replies that were meant for the caller who left.
+func (ch *Channel) awaitCloseOk() error {
+	for {
+		err := ch.await(&channelCloseOk{})
+		if !errors.Is(err, ErrCommandInvalid) {
+			return err
+		}
+	}
+}
+
+// dropStandIn releases a stand-in's id, unless the broker's channel.close
+// released it already, and shuts it down. It also runs while the
+// connection is closed (upstream's releaseChannel does not), so that
+// recovery never tries to reopen a stand-in.
+func (c *Connection) dropStandIn(stand *Channel) {
+	c.m.Lock()
+	if got, ok := c.channels[stand.id]; ok && got == stand {
+		delete(c.channels, stand.id)
+		c.allocator.release(int(stand.id))
+		c.removeChannelTopology(stand.id)
+	}
+	c.m.Unlock()
+	stand.shutdown(nil)
+	retiring.Delete(stand)
+}
+
+// await is the waiting half of upstream's Channel.call: it waits for the
+// next reply on ch and matches it into one of res, through the read
+// path's hook when there is one.
+func (ch *Channel) await(res ...message) error {
+	ch.m.Lock()
+	errs, rpc := ch.errors, ch.rpc
+	ch.m.Unlock()
+	if rp := ch.connection.rp; rp != nil {
+		return rp.chanCall(ch, errs, rpc, res)
+	}
+	select {
+	case e, ok := <-errs:
+		if ok {
+			return e
+		}
+		return ErrClosed
+	case msg := <-rpc:
+		if msg == nil {
+			return ErrClosed
+		}
+		return matchReply(msg, res)
+	}
+}
+
+// abandonConnection ends c after a connection-level request got no reply
+// in time: a reply that came later could not be told from the next one.
+// It returns at once.
+func (c *Connection) abandonConnection(method string, cause error) {
+	err := &Error{Code: InternalError, Reason: fmt.Sprintf("%s got no reply: %v", method, cause), Recover: true}
+	if c.rp != nil {
+		c.rp.abandon(err)
+		return
+	}
+	go c.shutdown(err)
+}
+
+// channelRequests names the synchronous requests by the reply they wait
+// for, for the RPC timeout's error, which sees only the replies.
+var channelRequests = map[[2]uint16]string{
+	{10, 10}: "protocol header", {10, 20}: "connection.start-ok", {10, 30}: "connection.start-ok", {10, 41}: "connection.open",
+	{10, 51}: "connection.close", {10, 71}: "connection.update-secret",
+	{20, 11}: "channel.open", {20, 21}: "channel.flow", {20, 41}: "channel.close",
+	{40, 11}: "exchange.declare", {40, 21}: "exchange.delete", {40, 31}: "exchange.bind", {40, 51}: "exchange.unbind",
+	{50, 11}: "queue.declare", {50, 21}: "queue.bind", {50, 31}: "queue.purge", {50, 41}: "queue.delete", {50, 51}: "queue.unbind",
+	{60, 11}: "basic.qos", {60, 21}: "basic.consume", {60, 31}: "basic.cancel", {60, 71}: "basic.get", {60, 72}: "basic.get",
+	{60, 111}: "basic.recover",
+	{85, 11}:  "confirm.select",
+	{90, 11}:  "tx.select", {90, 21}: "tx.commit", {90, 31}: "tx.rollback",
+}
+
+// requestFor names the request whose replies res lists.
+func requestFor(res []message) string {
+	for _, m := range res {
+		if m == nil {
+			continue
+		}
+		class, method := m.id()
+		if name, ok := channelRequests[[2]uint16{class, method}]; ok {
+			return name
+		}
+	}
+	return "request"
+}
+
+// rpcTimer returns a chan that fires after timeout, or a nil chan when
+// timeout is 0 or exempt is true, and the func that stops its timer.
+func rpcTimer(timeout time.Duration, exempt bool) (<-chan time.Time, func() bool) {
+	if timeout <= 0 || exempt {
+		return nil, noTimer
+	}
+	t := time.NewTimer(timeout)
+	return t.C, t.Stop
+}
+
+func noTimer() bool { return false }
