@@ -96,9 +96,10 @@ func WithAttemptTimeout(d time.Duration) Option {
 	return func(o *options) { o.cluster.attemptTimeout = d }
 }
 
-// WithDialer makes DialCluster, and the connection's automatic recovery,
-// open TCP connections with dial instead of a net.Dialer; for example one
-// that dials from another network namespace or through a proxy. dial must
+// WithDialer makes DialCluster, DialContext, DialTLSContext and
+// DialConfigContext, and the automatic recovery of their connections, open
+// TCP connections with dial instead of a net.Dialer; for example one that
+// dials from another network namespace or through a proxy. dial must
 // honour its ctx. Other Dial functions ignore it.
 func WithDialer(dial DialFunc) Option {
 	return func(o *options) { o.cluster.dial = dial }
@@ -215,27 +216,42 @@ func ended(ctxErr, last error) error {
 func (cl *cluster) attempt(ctx context.Context, ep amqp.Endpoint, rp amqp.ReadPath, list *amqp.Endpoints) (*amqp.Connection, error) {
 	actx, cancel := context.WithTimeout(ctx, cl.attemptTimeout)
 	defer cancel()
-	d := &phaseDialer{dial: cl.dial, timeout: cl.attemptTimeout, ctx: actx}
 
 	cfg := cl.config
 	cfg.ReadPath = rp
 	cfg.Endpoints = list
 	cfg.TLSClientConfig = ep.TLS.Clone() // DialConfig sets an empty ServerName on it
 	cfg.Properties = maps.Clone(cfg.Properties)
+	conn, err := handshake(actx, ep.URL, cfg, cl.dial, cl.attemptTimeout)
+	if err != nil {
+		if actx.Err() != nil && ctx.Err() == nil {
+			return nil, fmt.Errorf("not connected within %v: %w", cl.attemptTimeout, err)
+		}
+		return nil, err
+	}
+	return conn, nil
+}
+
+// handshake is amqp.DialConfig(url, cfg) with cfg.Dial replaced by a
+// phaseDialer over dial: ctx bounds the TCP connect, the TLS handshake and
+// the AMQP handshake, and the connection's recoveries dial with
+// recoveryTimeout. It is the one place where DialCluster (per attempt) and
+// DialContext open a connection, so that both bound it the same way.
+//
+// On error nothing is left open: neither the connection, nor its socket,
+// nor a goroutine of the phaseDialer. The error is DialConfig's, or
+// ctx.Err() when ctx ended after DialConfig succeeded but before the
+// phaseDialer let go of the socket.
+func handshake(ctx context.Context, url string, cfg amqp.Config, dial DialFunc, recoveryTimeout time.Duration) (*amqp.Connection, error) {
+	d := &phaseDialer{dial: dial, timeout: recoveryTimeout, ctx: ctx}
 	cfg.Dial = d.Dial
-	conn, err := amqp.DialConfig(ep.URL, cfg)
+	conn, err := amqp.DialConfig(url, cfg)
 	if interrupted := d.handshakeDone(); interrupted || err != nil {
 		if conn != nil && err == nil {
 			_ = conn.Close()
 		}
 		d.closeSocket() // whatever upstream left of a failed handshake
-		if actx.Err() != nil {
-			if ctx.Err() == nil {
-				return nil, fmt.Errorf("not connected within %v: %w", cl.attemptTimeout, errOr(err, actx.Err()))
-			}
-			return nil, errOr(err, actx.Err())
-		}
-		return nil, err
+		return nil, errOr(err, ctx.Err())
 	}
 	return conn, nil
 }
@@ -247,12 +263,13 @@ func errOr(err, otherwise error) error {
 	return otherwise
 }
 
-// phaseDialer is the Config.Dial of a connection dialled by DialCluster.
-// During the first dial it dials with the attempt's ctx, sets the socket's
-// deadline to the ctx's, and closes the socket if ctx ends before the
-// handshake is over; afterwards, for the connection's recovery, it dials
-// with its own timeout and sets the handshake deadline as upstream's
-// DefaultDial does (openComplete clears it).
+// phaseDialer is the Config.Dial of a connection dialled by DialCluster or
+// DialContext (see handshake). During the first dial it dials with the
+// attempt's ctx, sets the socket's deadline to the ctx's, and closes the
+// socket if ctx ends before the handshake is over; afterwards, for the
+// connection's recovery, it dials with its own timeout and sets the
+// handshake deadline as upstream's DefaultDial does (openComplete clears
+// it).
 type phaseDialer struct {
 	dial    DialFunc
 	timeout time.Duration
@@ -294,7 +311,7 @@ func (d *phaseDialer) Dial(network, addr string) (net.Conn, error) {
 	defer d.mu.Unlock()
 	if d.ctx == nil { // cannot happen: DialConfig dials once
 		conn.Close()
-		return nil, errors.New("compat: DialCluster: dial after the handshake")
+		return nil, errors.New("compat: dial after the handshake")
 	}
 	d.conn = conn
 	d.stop = context.AfterFunc(ctx, func() { conn.Close() })

@@ -3,6 +3,7 @@ package compat_test
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"log"
 	"log/slog"
 	"time"
@@ -82,4 +83,28 @@ func ExampleDialCluster() {
 	}
 	defer conn.Close()
 	log.Print("connected to ", compat.Endpoint(conn))
+}
+
+// DialContext bounds the dial, TCP connect and TLS and AMQP handshakes
+// included, by a context: a broker that accepts connections and never
+// answers costs the caller its own deadline, not upstream's 30 s, and a
+// cancel (a shutdown) stops the dial at once. The context bounds the dial
+// only, not the connection it returns.
+func ExampleDialContext() {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := compat.DialContext(ctx, "amqp://guest:guest@127.0.0.1:5672/", compat.Drainer)
+	if errors.Is(err, context.DeadlineExceeded) {
+		log.Fatal("the broker did not complete the handshake within 5 s: ", err)
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	cancel() // ending ctx now does not affect conn
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ch.Close()
 }
