@@ -21,9 +21,15 @@
 //     before the deliveries chan closes, flows, blocks), and a close only
 //     after everything that came before it, as upstream's reader hands
 //     them over (issue #16).
+//   - boundedcalls: against a fake peer, every synchronous method's
+//     context variant, and the read modes' RPCTimeout, return within their
+//     bound when the broker never answers or answers late; the abandoned
+//     channel is closed and its late reply discarded, and the connection
+//     and its other channels go on (issue #14).
 //
 // A plain go test ./... skips them (but listenerorder, which declares only
-// its own exclusive queues and runs there at its default sizes): they load
+// its own exclusive queues and runs there at its default sizes, and
+// boundedcalls, which needs no broker): they load
 // the shared broker, and the memory alarm blocks every publisher on it. scripts/reliability runs them
 // one package at a time, short (make test) or full (make reliability); see
 // package level.

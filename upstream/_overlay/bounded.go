@@ -160,22 +160,16 @@ func (ch *Channel) bounded(ctx context.Context, method string, call func() error
 	return runBounded(ctx, method, ch.id, call, func(error) { ch.abandon(method) })
 }
 
-// retiring holds the stand-ins of abandoned channels (retireChannel), so
-// that the read modes' RPC timeout never applies to a stand-in's own wait.
-var retiring sync.Map // *Channel → struct{}
-
-func isRetiring(ch *Channel) bool {
-	_, ok := retiring.Load(ch)
-	return ok
-}
-
 // abandon gives up ch after a caller left before the reply to method; see
 // the top of this file. It returns at once; the rest runs on a goroutine.
 // It does nothing when ch is closed or closing already, or was abandoned
 // by another caller.
 func (ch *Channel) abandon(method string) {
 	if stand := ch.takeOver(); stand != nil {
-		go ch.retire(stand, "abandoned "+method, nil)
+		go func() {
+			err := ch.retire(stand, "abandoned "+method)
+			stand.closeInBackground(err)
+		}()
 	}
 }
 
@@ -198,7 +192,6 @@ func (ch *Channel) takeOver() *Channel {
 func (c *Connection) standIn(id uint16) *Channel {
 	stand := newChannel(c, id)
 	stand.closeInit.Store(true)
-	retiring.Store(stand, struct{}{})
 	c.channels[id] = stand
 	return stand
 }
@@ -213,10 +206,7 @@ func (ch *Channel) rpcTimedOut(res []message) error {
 	if name != "channel.close" {
 		ch.abandon(name)
 	} else if stand := ch.standInForClose(); stand != nil {
-		go func() {
-			_ = stand.awaitCloseOk()
-			ch.connection.dropStandIn(stand)
-		}()
+		go stand.closeInBackground(nil)
 	}
 	return &RPCError{Method: name, Channel: ch.id, Err: ErrRPCTimeout, Closed: true}
 }
@@ -247,32 +237,68 @@ func (c *Connection) closeStarted() bool {
 	return c.closeInit
 }
 
-// retire shuts ch down as Close does, then closes its id on the wire
-// through stand and releases the id once the broker has answered. done,
-// if not nil, receives the outcome of the close handshake.
-func (ch *Channel) retire(stand *Channel, reason string, done chan<- error) {
+// retire shuts ch down as Close does (it may wait for a publish in
+// progress to let go of ch.m), then sends channel.close for its id through
+// stand, and returns the send's error.
+func (ch *Channel) retire(stand *Channel, reason string) error {
 	c := ch.connection
 	ch.closeRecovery()
 	ch.lifeCycle.SetState(StateClosing, nil)
 	c.closeChannel(ch, nil) // ch no longer holds its id: this only shuts ch down
 
-	err := stand.send(&channelClose{ReplyCode: replySuccess, ReplyText: reason})
-	if err == nil {
-		err = stand.awaitCloseOk()
+	send := func() error { return stand.send(&channelClose{ReplyCode: replySuccess, ReplyText: reason}) }
+	if c.rp != nil {
+		return c.rp.standInSend(send)
 	}
-	c.dropStandIn(stand)
-	if done != nil {
-		done <- err
+	return send()
+}
+
+// closeInBackground waits, on the calling goroutine, for the close-ok to
+// a stand-in's channel.close (unless sendErr says it was not sent), then
+// releases its id.
+func (stand *Channel) closeInBackground(sendErr error) {
+	if sendErr == nil {
+		_ = stand.awaitCloseOk(context.Background(), false)
 	}
+	stand.connection.dropStandIn(stand)
 }
 
 // awaitCloseOk waits for channel.close-ok on a stand-in, dropping the
-// replies that were meant for the caller who left.
-func (ch *Channel) awaitCloseOk() error {
+// replies that were meant for the caller who left, until ctx ends. With
+// pump false it only waits: whoever reads the socket hands the frames over
+// (in legacy mode, the application's drain loop or its next call), so a
+// stand-in whose caller left never becomes a reader of its own. With pump
+// set, the caller reads frames meanwhile if the read mode needs it to
+// (legacy), as a waiting Close does.
+func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
+	ch.m.Lock()
+	errs, rpc := ch.errors, ch.rpc
+	ch.m.Unlock()
+	rp := ch.connection.rp
 	for {
-		err := ch.await(&channelCloseOk{})
-		if !errors.Is(err, ErrCommandInvalid) {
-			return err
+		var msg message
+		if pump && rp != nil {
+			var err error
+			if msg, err = rp.nextReply(ctx, errs, rpc); err != nil {
+				return err
+			}
+		} else {
+			select {
+			case e, ok := <-errs:
+				if ok {
+					return e
+				}
+				return ErrClosed
+			case msg = <-rpc:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		if msg == nil {
+			return ErrClosed
+		}
+		if _, ok := msg.(*channelCloseOk); ok {
+			return nil
 		}
 	}
 }
@@ -290,7 +316,6 @@ func (c *Connection) dropStandIn(stand *Channel) {
 	}
 	c.m.Unlock()
 	stand.shutdown(nil)
-	retiring.Delete(stand)
 }
 
 // await is the waiting half of upstream's Channel.call: it waits for the
@@ -368,3 +393,22 @@ func rpcTimer(timeout time.Duration, exempt bool) (<-chan time.Time, func() bool
 }
 
 func noTimer() bool { return false }
+
+// waitReply waits for the next message in rpc, or for errs, until ctx
+// ends, where someone else reads the socket.
+func waitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
+	select {
+	case e, ok := <-errs:
+		if ok {
+			return nil, e
+		}
+		return nil, ErrClosed
+	case msg := <-rpc:
+		if msg == nil {
+			return nil, ErrClosed
+		}
+		return msg, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}

@@ -223,19 +223,27 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	if stand == nil {
 		return nil // closed or closing already, as Close finds it
 	}
-	done := make(chan error, 1)
-	go ch.retire(stand, "kthxbai", done)
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		select {
-		case err := <-done:
-			return err
-		default:
-		}
+	sent := make(chan error, 1)
+	go func() { sent <- ch.retire(stand, "kthxbai") }()
+	giveUp := func() error {
+		go func() { stand.closeInBackground(<-sent) }()
 		return &RPCError{Method: "channel.close", Channel: ch.id, Err: context.Cause(ctx), Closed: true}
 	}
+	var err error
+	select {
+	case err = <-sent:
+	case <-ctx.Done():
+		return giveUp()
+	}
+	if err == nil {
+		err = stand.awaitCloseOk(ctx, true)
+		if err != nil && ctx.Err() != nil {
+			sent <- nil // sent already: wait for the close-ok in the background
+			return giveUp()
+		}
+	}
+	ch.connection.dropStandIn(stand)
+	return err
 }
 
 // ChannelWithContext is Channel, with the channel.open round trip bounded

@@ -494,7 +494,7 @@ func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) err
 // replyBefore).
 func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := d.current()
-	timeout, stop := d.rpcTimer(isRetiring(ch))
+	timeout, stop := d.rpcTimer(false)
 	defer stop()
 	var err error
 	select {
@@ -543,6 +543,14 @@ func (d *drainConn) abandon(err *Error) {
 	if g := d.current(); g != nil {
 		go d.fail(g, err)
 	}
+}
+
+// standInSend writes at once: nothing holds the socket across a read.
+func (d *drainConn) standInSend(send func() error) error { return send() }
+
+// nextReply only waits: the drainer reads.
+func (d *drainConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
+	return waitReply(ctx, errs, rpc)
 }
 
 // replyBefore returns a reply that arrived before the error or end that

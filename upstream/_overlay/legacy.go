@@ -119,6 +119,9 @@ type legacyConn struct {
 	// writers counts writers waiting for the transport lock, which a
 	// reader holding it gives up to them (lockedWriter.lock).
 	writers atomic.Int32
+	// urgent counts stand-ins writing (standInSend): while one does, every
+	// write cuts a read short as with AutoDrain.
+	urgent atomic.Int32
 
 	closeIntent // Close was called: waiters get ErrClosedIntentionally
 	blocks      blockGate
@@ -239,7 +242,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 // lock and reads again afterwards.
 func (w *lockedWriter) lock() {
 	l := w.l
-	if !l.opts.AutoDrain {
+	if !l.opts.AutoDrain && l.urgent.Load() == 0 {
 		l.transport.Lock()
 		return
 	}
@@ -770,7 +773,7 @@ func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) er
 
 func (l *legacyConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := l.current()
-	ctx, cancel := l.rpcContext(context.Background(), isRetiring(ch))
+	ctx, cancel := l.rpcContext(context.Background(), false)
 	defer cancel()
 	m, err := l.await(ctx, g, rpc, errs, nil)
 	if err != nil {
@@ -793,6 +796,36 @@ func (l *legacyConn) rpcContext(ctx context.Context, exempt bool) (context.Conte
 		return ctx, func() {}
 	}
 	return context.WithTimeout(ctx, l.opts.RPCTimeout)
+}
+
+// standInSend writes a stand-in's channel.close as AutoDrain writes: it
+// cuts a read in progress short, since in plain legacy mode that read may
+// be the abandoned call's own pump, which reads on for a reply nobody
+// waits for until a frame or the heartbeat deadline ends it. Cut short, it
+// finds its channel shut down and returns. It counts itself among the
+// writers before it takes c.sendM, and cuts the read at once: the holder
+// of sendM may be a plain write that waits for the same read.
+func (l *legacyConn) standInSend(send func() error) error {
+	l.urgent.Add(1)
+	l.writers.Add(1)
+	defer l.urgent.Add(-1)
+	if g := l.current(); g != nil {
+		if nc, ok := g.conn.(net.Conn); ok {
+			_ = nc.SetReadDeadline(time.Now())
+		}
+	}
+	err := send()
+	l.writers.Add(-1)
+	return err
+}
+
+// nextReply pumps for the next reply, as chanCall does, until ctx ends.
+func (l *legacyConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
+	m, err := l.await(ctx, l.current(), rpc, errs, nil)
+	if err == nil && m == nil {
+		err = ErrClosed
+	}
+	return m, err
 }
 
 // abandon fails the current generation with err, off the caller's

@@ -115,6 +115,15 @@ type readPath interface {
 	// would, without waiting: a connection-level request got no reply in
 	// time (bounded.go).
 	abandon(err *Error)
+
+	// standInSend runs send, the write of an abandoned channel's
+	// channel.close by its stand-in (bounded.go), which must not wait for
+	// a read in progress: that read may be the abandoned call's own.
+	standInSend(send func() error) error
+
+	// nextReply waits until ctx ends for the next message in rpc, or for
+	// errs, reading frames meanwhile if nobody else does (legacy).
+	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
 }
 
 // defaultReadPath serves connections whose Config.ReadPath is nil when no

@@ -96,6 +96,12 @@ func (p *seamProbeConn) drainEvents(ctx context.Context) error { return p.c.drai
 func (p *seamProbeConn) shutdown(*Error) { p.shutdowns.Add(1) }
 func (p *seamProbeConn) abandon(*Error)  {}
 
+func (p *seamProbeConn) standInSend(send func() error) error { return send() }
+
+func (p *seamProbeConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
+	return waitReply(ctx, errs, rpc)
+}
+
 // neverBlocked is the probe's publish gate: the probe forwards to
 // upstream's reader, which holds no publish back.
 var neverBlocked blockGate
