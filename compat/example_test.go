@@ -108,3 +108,49 @@ func ExampleDialContext() {
 	}
 	defer ch.Close()
 }
+
+// Every synchronous method has a context variant, in every mode. A call
+// whose ctx ends before the reply closes its channel (the reply could not
+// be told from the next one's); the connection stays open.
+func Example_boundedCalls() {
+	conn, err := compat.Dial("amqp://guest:guest@127.0.0.1:5672/", compat.Drainer)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	ch, err := conn.ChannelWithContext(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = ch.QueueDeclareWithContext(ctx, "jobs", true, false, false, false, nil)
+	var rpcErr *amqp.RPCError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) && errors.As(err, &rpcErr):
+		// rpcErr.Method is "queue.declare"; ch is closed (errors.Is(err,
+		// amqp.ErrClosed)), and a new channel goes on.
+		log.Printf("%s got no reply in time: %v", rpcErr.Method, err)
+	case err != nil:
+		log.Fatal(err) // the broker refused it: a channel exception, as upstream's
+	}
+}
+
+// Code that cannot pass contexts bounds every synchronous method with the
+// read mode's RPCTimeout instead.
+func Example_rpcTimeout() {
+	conn, err := compat.Dial("amqp://guest:guest@127.0.0.1:5672/", compat.Drainer,
+		compat.WithDrainerOptions(amqp.DrainerOptions{RPCTimeout: 10 * time.Second}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Qos(10, 0, false); errors.Is(err, amqp.ErrRPCTimeout) {
+		log.Print("no basic.qos-ok within 10 s: the channel is closed")
+	}
+}
