@@ -274,28 +274,14 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
 	ch.m.Unlock()
-	rp := ch.connection.rp
+	next := waitReply
+	if rp := ch.connection.rp; pump && rp != nil {
+		next = rp.nextReply
+	}
 	for {
-		var msg message
-		if pump && rp != nil {
-			var err error
-			if msg, err = rp.nextReply(ctx, errs, rpc); err != nil {
-				return err
-			}
-		} else {
-			select {
-			case e, ok := <-errs:
-				if ok {
-					return e
-				}
-				return ErrClosed
-			case msg = <-rpc:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		}
-		if msg == nil {
-			return ErrClosed
+		msg, err := next(ctx, errs, rpc)
+		if err != nil {
+			return err
 		}
 		if _, ok := msg.(*channelCloseOk); ok {
 			return nil
@@ -328,18 +314,11 @@ func (ch *Channel) await(res ...message) error {
 	if rp := ch.connection.rp; rp != nil {
 		return rp.chanCall(ch, errs, rpc, res)
 	}
-	select {
-	case e, ok := <-errs:
-		if ok {
-			return e
-		}
-		return ErrClosed
-	case msg := <-rpc:
-		if msg == nil {
-			return ErrClosed
-		}
-		return matchReply(msg, res)
+	msg, err := waitReply(context.Background(), errs, rpc)
+	if err != nil {
+		return err
 	}
+	return matchReply(msg, res)
 }
 
 // abandonConnection ends c after a connection-level request got no reply
