@@ -48,6 +48,13 @@
 //     matching amqp.ErrRPCTimeout and amqp.ErrClosed; the channel is
 //     closed, the late reply discarded, and a new channel's QueueDeclare
 //     gets its own reply.
+//   - TestAbandonedChannelThenRecovery: with upstream's automatic recovery
+//     on, the peer resets the connection while an abandoned channel's
+//     stand-in still waits for its close-ok; recovery succeeds (a stand-in
+//     left registered would fail every attempt), reopens no channel for
+//     the abandoned one, and the recovered connection opens a new channel.
+//     Plain legacy runs a drain loop here, since recovery needs the reset
+//     read.
 //
 // Plain legacy runs without a drain loop: a legacy RPC reads the socket
 // itself until its reply comes, so the next call reads the close-ok of an
