@@ -27,7 +27,7 @@ import (
 // channelRpcTimeout:
 //
 //  1. The channel is marked closed, at once, so nothing more is sent on it.
-//  2. Its id is handed to a stand-in channel (retireChannel) that discards
+//  2. Its id is handed to a stand-in channel (takeOver) that discards
 //     every frame for it (the late reply, deliveries in flight) and keeps
 //     the id reserved, so that no new channel can be given the id, nor the
 //     late reply.
@@ -35,10 +35,13 @@ import (
 //     deliveries and listeners are closed, pending confirmations nacked.
 //     Unacknowledged deliveries return to their queue when the broker
 //     closes the channel.
-//  4. The stand-in sends channel.close and waits for channel.close-ok,
-//     then releases the id. It waits as long as the broker takes (the
-//     broker that did not answer may still be blocked) or until the
-//     connection ends; it holds no lock meanwhile.
+//  4. The stand-in sends channel.close (retire) and waits for
+//     channel.close-ok, then releases the id (closeInBackground). It waits
+//     as long as the broker takes (the broker that did not answer may
+//     still be blocked) or until the connection ends; it holds no lock
+//     meanwhile, and it only waits: whoever reads the socket hands it the
+//     close-ok. A stand-in whose connection ends is dropped with it, so
+//     automatic recovery never reopens one.
 //
 // A connection-level request has no channel to give up, so abandoning one
 // ends the connection (abandonConnection).
