@@ -465,7 +465,9 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 // one that came before the end is in rpc by the time the end is seen.
 func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) error {
 	g := d.current()
-	timeout, stop := d.rpcTimer(d.c.closeStarted())
+	// Close's own wait is CloseTimeout's; closeStarted takes a lock, so
+	// only when there is a timeout to apply.
+	timeout, stop := rpcTimer(d.opts.RPCTimeout, d.opts.RPCTimeout > 0 && d.c.closeStarted())
 	defer stop()
 	select {
 	case m := <-rpc:
@@ -494,7 +496,7 @@ func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) err
 // replyBefore).
 func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := d.current()
-	timeout, stop := d.rpcTimer(false)
+	timeout, stop := rpcTimer(d.opts.RPCTimeout, false)
 	defer stop()
 	var err error
 	select {
@@ -529,12 +531,6 @@ func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, re
 		return matchReply(msg, res)
 	}
 	return err
-}
-
-// rpcTimer returns the chan that fires at RPCTimeout, or nil (never fires)
-// when there is none or exempt is true, and the func that stops it.
-func (d *drainConn) rpcTimer(exempt bool) (<-chan time.Time, func() bool) {
-	return rpcTimer(d.opts.RPCTimeout, exempt)
 }
 
 // abandon fails the current generation with err, off the caller's

@@ -759,7 +759,7 @@ func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) er
 	if l.isCalled() {
 		ctx = context.WithValue(ctx, closerKey{}, true)
 	}
-	ctx, cancel := l.rpcContext(ctx, l.c.closeStarted())
+	ctx, cancel := l.rpcContext(ctx, l.opts.RPCTimeout > 0 && l.c.closeStarted())
 	defer cancel()
 	m, err := l.await(ctx, g, rpc, nil, nil)
 	if err != nil {
@@ -809,14 +809,13 @@ func (l *legacyConn) standInSend(send func() error) error {
 	l.urgent.Add(1)
 	l.writers.Add(1)
 	defer l.urgent.Add(-1)
+	defer l.writers.Add(-1)
 	if g := l.current(); g != nil {
 		if nc, ok := g.conn.(net.Conn); ok {
 			_ = nc.SetReadDeadline(time.Now())
 		}
 	}
-	err := send()
-	l.writers.Add(-1)
-	return err
+	return send()
 }
 
 // nextReply pumps for the next reply, as chanCall does, until ctx ends.
