@@ -219,14 +219,8 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	// b and c join at the same time: about 5 s faster than one after the
 	// other. start_app may log "Failed to create a tracked connection
 	// table" for the other joiner; it is harmless.
-	err := each([]Node{B, C}, func(n Node) error {
-		for _, args := range [][]string{{"stop_app"}, {"join_cluster", nodeName(A)}, {"start_app"}} {
-			if _, err := c.Ctl(ctx, n, args...); err != nil {
-				return fmt.Errorf("join %s to %s: %w", n, A, err)
-			}
-		}
-		return nil
-	})
+	var serial sync.Mutex
+	err := each([]Node{B, C}, func(n Node) error { return c.join(ctx, n, &serial) })
 	if err != nil {
 		return nil, err
 	}
@@ -241,6 +235,44 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 		"partition_handling", o.PartitionHandling, "net_ticktime", o.NetTicktime, "dir", o.Dir)
 	ok = true
 	return c, nil
+}
+
+// joinAttempts bounds how often [Cluster.join] tries one node.
+const joinAttempts = 3
+
+// join makes n a member of a's cluster. The parallel joins of b and c
+// sometimes race in mnesia's schema merge: start_app then fails with
+// "{badmatch,{error,{normal,{mnesia_app,start,...}}}}" (seen in a CI run
+// of 2026-12-01). A failed attempt is retried from a clean slate (reset,
+// which also makes a forget the half-joined node) while holding serial, so
+// a retry never races the other joiner's retry.
+func (c *Cluster) join(ctx context.Context, n Node, serial *sync.Mutex) error {
+	steps := [][]string{{"stop_app"}, {"join_cluster", nodeName(A)}, {"start_app"}}
+	var err error
+	for attempt := 1; attempt <= joinAttempts; attempt++ {
+		if attempt > 1 {
+			serial.Lock()
+			c.log.Warn("join failed; retrying from a reset", "node", n, "attempt", attempt, "err", err)
+			_, _ = c.Ctl(ctx, n, "stop_app")
+			steps = [][]string{{"reset"}, {"join_cluster", nodeName(A)}, {"start_app"}}
+		}
+		err = nil
+		for _, args := range steps {
+			if _, err = c.Ctl(ctx, n, args...); err != nil {
+				break
+			}
+		}
+		if attempt > 1 {
+			serial.Unlock()
+		}
+		if err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("join %s to %s: %w", n, A, err)
+	}
+	return nil
 }
 
 // Attach takes over a cluster that [Start] booted, possibly in another
