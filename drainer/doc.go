@@ -104,6 +104,24 @@
 // never reused, so a body kept too long always reads as poison (and the
 // race detector reports a goroutine still reading it). Without it, such a
 // body would read another message's bytes, now and then.
+//
+// # What it holds, and warnings
+//
+// Connection.Stats returns, from any goroutine, the bytes and frames in
+// and out, the budget's limit, use and pauses, and what waits for each
+// listener (by channel and kind: NotifyPublish, NotifyReturn, ...) and
+// each consumer: how many, how many bytes, and how old the oldest is.
+// Options.Logger (a *slog.Logger; nil is silent) gets a warning when one
+// listener or consumer holds more than Options.DepthWarning of the budget
+// (25 %) or has left its oldest item unread for Options.StallWarning
+// (5 s), at most once per listener per Options.WarnInterval (30 s), and
+// one when the drainer pauses for the budget (naming the biggest holder)
+// and when it reads again. Options.DropStalledListener, off by default,
+// closes a listener that has left a notification unread that long and
+// drops what was queued for it, so that the connection goes on; the
+// default never drops. Options.Observer (an *amqp.Observer) is called
+// from the fast paths; the otelamqp and promamqp modules of this
+// repository are Observers for OpenTelemetry and Prometheus.
 package drainer
 
 import (

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log"
+	"log/slog"
+	"os"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -144,4 +146,31 @@ func ExampleConsumeFunc() {
 	// two
 	// three
 	// true 3
+}
+
+// Warnings and a snapshot of what the drainer holds. With a Logger, a
+// listener left unread is reported long before it fills the budget; Stats
+// shows who holds what at any time, from any goroutine.
+func ExampleOptions_logger() {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	conn, err := drainer.Dial("amqp://guest:guest@127.0.0.1:5672/", drainer.Options{
+		Logger:              logger,          // nil: silent
+		StallWarning:        2 * time.Second, // default 5 s
+		DropStalledListener: time.Minute,     // default: never drop
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+
+	s := conn.Stats()
+	fmt.Printf("%s: %d of %d budget bytes used, paused %d times\n",
+		s.Mode, s.Budget.Used, s.Budget.Limit, s.Budget.Pauses)
+	for _, l := range s.Listeners {
+		fmt.Printf("channel %d %s: %d waiting (%d bytes), oldest %s\n",
+			l.Channel, l.Kind, l.Queued, l.QueuedBytes, l.OldestAge)
+	}
+	for _, c := range s.Consumers {
+		fmt.Printf("consumer %q on channel %d: %d waiting\n", c.ConsumerTag, c.Channel, c.Queued)
+	}
 }

@@ -88,7 +88,7 @@ func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandato
 		return err
 	}
 	if ch.connection.rp != nil {
-		_, err := ch.publishFast(exchange, key, mandatory, immediate, &msg)
+		_, err := ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
 		return err
 	}
 	return ch.Publish(exchange, key, mandatory, immediate, msg)
@@ -99,7 +99,7 @@ func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string,
 		return nil, err
 	}
 	if ch.connection.rp != nil {
-		return ch.publishFast(exchange, key, mandatory, immediate, &msg)
+		return ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
 	}
 	return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
 }

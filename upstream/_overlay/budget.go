@@ -3,7 +3,10 @@
 
 package amqp091
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // budget counts the bytes that the drainer has read from the socket and
 // that still wait for a user: frames queued for a channel's dispatcher and
@@ -18,6 +21,11 @@ type budget struct {
 	used   int64
 	pinned int64         // part of used that only reading more can release
 	belowC chan struct{} // closed when used falls to low or below, while someone waits
+
+	// For Stats: the reader's pauses.
+	pauses      uint64
+	pausedTotal time.Duration // of the pauses that ended
+	pausedSince time.Time     // zero unless paused now
 }
 
 func newBudget(high, low int64) *budget { return &budget{high: high, low: low} }
@@ -77,4 +85,50 @@ func (b *budget) over() (over bool, below <-chan struct{}) {
 		b.belowC = make(chan struct{})
 	}
 	return true, b.belowC
+}
+
+// pauseBegan records that the reader stopped reading for the budget.
+func (b *budget) pauseBegan(now time.Time) {
+	b.mu.Lock()
+	b.pauses++
+	b.pausedSince = now
+	b.mu.Unlock()
+}
+
+// pauseEnded records that the reader reads again, and returns how long
+// it paused.
+func (b *budget) pauseEnded(now time.Time) time.Duration {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.pausedSince.IsZero() {
+		return 0
+	}
+	d := now.Sub(b.pausedSince)
+	b.pausedTotal += d
+	b.pausedSince = time.Time{}
+	return d
+}
+
+// snapshot is the budget's part of Stats at now.
+func (b *budget) snapshot(now time.Time) BudgetStats {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	s := BudgetStats{
+		Limit:       b.high,
+		Used:        b.used,
+		Paused:      !b.pausedSince.IsZero(),
+		Pauses:      b.pauses,
+		PausedTotal: b.pausedTotal,
+	}
+	if s.Paused {
+		s.PausedTotal += now.Sub(b.pausedSince)
+	}
+	return s
+}
+
+// used reports the bytes charged now.
+func (b *budget) usedNow() int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.used
 }

@@ -3,19 +3,37 @@
 
 package amqp091
 
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
 // Deliveries wait in a per-consumer buffer until the application receives
 // them from its Consume chan. Upstream's buffer has no bound. A read path
 // with a memory budget counts each buffered delivery against it from the
 // moment it is dispatched until the application takes it (or the consumer
 // goes away), so that a consumer that stops reading makes the read path
-// stop reading the socket instead of growing the heap.
+// stop reading the socket instead of growing the heap. Each buffer also
+// keeps its depth, bytes and the age of its oldest delivery where Stats
+// can read them.
+
+// deliveryAcct is a channel's tie to its read path's accounting.
+type deliveryAcct struct {
+	budget  *budget
+	buffers *bufferSet
+	channel uint16
+	obs     *Observer
+}
 
 // makeConsumers builds a channel's consumer registry, tied to the read
 // path's budget when it keeps one.
-func (c *Connection) makeConsumers() *consumers {
+func (c *Connection) makeConsumers(id uint16) *consumers {
 	subs := makeConsumers()
 	if c != nil && c.rp != nil {
-		subs.budget = c.rp.deliveryBudget()
+		if b := c.rp.deliveryBudget(); b != nil {
+			subs.acct = &deliveryAcct{budget: b, buffers: c.rp.consumerBuffers(), channel: id, obs: c.rp.observer()}
+		}
 	}
 	return subs
 }
@@ -25,47 +43,66 @@ func deliveryCost(d *Delivery) int64 { return frameCost + int64(len(d.Body)) }
 
 // bufferFor runs the buffer between the dispatcher and the application's
 // chan: upstream's, or the budgeted one.
-func (subs *consumers) bufferFor(in chan *Delivery, out chan Delivery) {
-	if subs.budget == nil {
+func (subs *consumers) bufferFor(tag string, in chan *Delivery, out chan Delivery) {
+	if subs.acct == nil {
 		subs.buffer(in, out)
 		return
 	}
-	subs.budgetedBuffer(in, out)
+	subs.budgetedBuffer(tag, in, out)
 }
 
 // budgetedBuffer is upstream's buffer loop with accounting: what leaves the
 // queue, handed over or dropped, is released from the budget.
-func (subs *consumers) budgetedBuffer(in chan *Delivery, out chan Delivery) {
+func (subs *consumers) budgetedBuffer(tag string, in chan *Delivery, out chan Delivery) {
 	defer close(out)
 	defer subs.Done()
 
+	acct := subs.acct
+	st := acct.buffers.add(acct.channel, tag)
+	defer acct.buffers.remove(st)
+
 	inflight := in
 	var queue []*Delivery
+	var ats []int64 // when each of queue arrived (monoNow)
+	push := func(d *Delivery) {
+		queue = append(queue, d)
+		ats = append(ats, monoNow())
+		st.pushed(deliveryCost(d), ats[0])
+		if w := acct.buffers.watch; w != nil {
+			w.consumerQueued(st)
+		}
+	}
 	defer func() {
 		// Dropped at close, as upstream drops them.
 		var cost int64
 		for _, d := range queue {
 			cost += deliveryCost(d)
 		}
-		subs.budget.release(cost)
+		acct.budget.release(cost)
 	}()
 
 	for delivery := range in {
-		queue = append(queue, delivery)
+		push(delivery)
 		for len(queue) > 0 {
 			select {
 			case <-subs.closed:
 				return
 			case delivery, consuming := <-inflight:
 				if consuming {
-					queue = append(queue, delivery)
+					push(delivery)
 				} else {
 					inflight = nil
 				}
 			case out <- *queue[0]:
-				subs.budget.release(deliveryCost(queue[0]))
+				cost := deliveryCost(queue[0])
 				queue[0] = nil // let the GC have it: see upstream's buffer
-				queue = queue[1:]
+				queue, ats = queue[1:], ats[1:]
+				var oldest int64
+				if len(ats) > 0 {
+					oldest = ats[0]
+				}
+				st.popped(cost, oldest)
+				acct.budget.release(cost)
 			}
 		}
 	}
@@ -74,11 +111,80 @@ func (subs *consumers) budgetedBuffer(in chan *Delivery, out chan Delivery) {
 // deliver hands a delivery to its consumer's buffer, charged to the budget
 // until the application receives it.
 func (subs *consumers) deliver(tag string, d *Delivery) {
+	acct := subs.acct
+	if acct.obs != nil && acct.obs.Delivered != nil {
+		acct.obs.Delivered(d)
+	}
 	cost := deliveryCost(d)
-	subs.budget.charge(cost)
+	acct.budget.charge(cost)
 	if !subs.send(tag, d) {
 		// No such consumer (cancelled with deliveries in flight): dropped,
 		// as upstream drops it.
-		subs.budget.release(cost)
+		acct.budget.release(cost)
 	}
+}
+
+// bufferSet holds the consumer buffers of one connection, for Stats.
+type bufferSet struct {
+	watch *watcher // set before any consumer starts; nil without warnings
+
+	mu  sync.Mutex
+	all map[*bufferStat]struct{}
+}
+
+// bufferStat is what one consumer's buffer holds. Its buffer goroutine
+// writes it; Stats reads it.
+type bufferStat struct {
+	channel uint16
+	tag     string
+	queued  atomic.Int64
+	bytes   atomic.Int64
+	oldest  atomic.Int64 // monoNow of the oldest waiting delivery, 0 when empty
+}
+
+func (s *bufferSet) add(channel uint16, tag string) *bufferStat {
+	st := &bufferStat{channel: channel, tag: tag}
+	s.mu.Lock()
+	if s.all == nil {
+		s.all = map[*bufferStat]struct{}{}
+	}
+	s.all[st] = struct{}{}
+	s.mu.Unlock()
+	return st
+}
+
+func (s *bufferSet) remove(st *bufferStat) {
+	s.mu.Lock()
+	delete(s.all, st)
+	s.mu.Unlock()
+}
+
+func (st *bufferStat) pushed(cost, oldest int64) {
+	st.queued.Add(1)
+	st.bytes.Add(cost)
+	st.oldest.Store(oldest)
+}
+
+func (st *bufferStat) popped(cost, oldest int64) {
+	st.queued.Add(-1)
+	st.bytes.Add(-cost)
+	st.oldest.Store(oldest)
+}
+
+// fill appends an entry for every buffer that holds deliveries.
+func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for st := range s.all {
+		n := st.queued.Load()
+		if n <= 0 {
+			continue
+		}
+		cs := ConsumerStats{Channel: st.channel, ConsumerTag: st.tag, Queued: int(n), QueuedBytes: st.bytes.Load()}
+		if at := st.oldest.Load(); at != 0 && now > at {
+			cs.OldestAge = time.Duration(now - at)
+		}
+		out = append(out, cs)
+	}
+	return out
 }

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"sync"
@@ -90,6 +91,39 @@ type DrainerOptions struct {
 	// by CloseTimeout instead. Zero, the default, waits as upstream does:
 	// as long as the broker takes.
 	RPCTimeout time.Duration
+
+	// Logger receives the drainer's warnings (watch.go): a listener or
+	// consumer that holds notifications too long or too much of the
+	// budget, a pause of reading for the budget and its end, a listener
+	// dropped by DropStalledListener. nil, the default, is silent.
+	Logger *slog.Logger
+
+	// StallWarning is the age of a listener's or consumer's oldest queued
+	// item past which it is warned about. Zero means 5 seconds; negative
+	// turns the age warning off.
+	StallWarning time.Duration
+
+	// DepthWarning is the share of Budget that one listener or consumer
+	// may hold before it is warned about. Zero means 0.25; negative turns
+	// the depth warning off.
+	DepthWarning float64
+
+	// WarnInterval is the least time between two warnings about one
+	// listener or consumer. Zero means 30 seconds.
+	WarnInterval time.Duration
+
+	// DropStalledListener, when positive, is how long a notification may
+	// wait for its listener (NotifyPublish, NotifyReturn, NotifyFlow,
+	// NotifyCancel, NotifyBlocked) before that listener is given up: its
+	// chan is closed, what was queued for it is dropped, an error is
+	// logged and Stats().DroppedListeners counts it. The connection and
+	// the channel's other listeners go on. Zero, the default, never
+	// drops: a listener nobody reads holds its channel's notifications
+	// and, once the budget is full, pauses reading.
+	DropStalledListener time.Duration
+
+	// Observer, if not nil, is called from the fast paths (observe.go).
+	Observer *Observer
 }
 
 const (
@@ -129,6 +163,12 @@ func (m drainerMode) attach(c *Connection) readPath {
 		closeIntent: newCloseIntent(),
 		dispatchers: map[*Channel]*chanDispatcher{},
 	}
+	d.obs = m.opts.Observer
+	if d.obs != nil {
+		d.io.settled = d.obs.Settled
+	}
+	d.watch = newWatcher(m.opts, d.budget)
+	d.buffers.watch = d.watch
 	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
 	return d
 }
@@ -153,6 +193,14 @@ type drainConn struct {
 	dispatchers map[*Channel]*chanDispatcher
 	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
 	pub         publishOut   // the generation's socket writer, under c.sendM (publish.go)
+
+	io        ioCounters    // bytes and frames, for Stats
+	buffers   bufferSet     // consumer buffers, for Stats
+	clocks    clockSet      // confirm clocks, for ConfirmInfo.Latency
+	watch     *watcher      // warnings and the stall policy (watch.go), nil without them
+	obs       *Observer     // DrainerOptions.Observer
+	gens      atomic.Int32  // generations opened, for ConnectionRecovered
+	pausedFor ListenerStats // the biggest holder when reading paused (drainer goroutine only)
 }
 
 // drainGen is one connection generation: one socket, one drainer goroutine.
@@ -204,7 +252,8 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	// Count every byte written, so the heartbeat knows whether anything
 	// else went out during an interval without taking the write lock.
 	d.c.sendM.Lock()
-	cw := &countingWriter{w: conn, n: &g.sent, end: &g.genEnd}
+	d.io.restart()
+	cw := &countingWriter{w: conn, n: &g.sent, end: &g.genEnd, counts: &d.io}
 	d.pub.buf, d.pub.out = bufio.NewWriter(cw), cw
 	d.c.writer = &writer{d.pub.buf}
 	d.c.sendM.Unlock()
@@ -218,22 +267,26 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 // countingWriter counts the bytes its writer accepted, and reports a
 // write that failed because the generation ended by why it ended.
 type countingWriter struct {
-	w   io.Writer
-	n   *atomic.Uint64
-	end *genEnd
+	w      io.Writer
+	n      *atomic.Uint64
+	end    *genEnd
+	counts *ioCounters // the connection's, for Stats
 }
 
 func (cw *countingWriter) Write(p []byte) (int, error) {
 	n, err := cw.w.Write(p)
 	cw.n.Add(uint64(n))
+	cw.counts.wrote(p[:n])
 	return n, cw.end.explain(err)
 }
 
 // writeVectors is Write for a publish's buffers (publish.go): one writev
 // on a TCP or Unix socket, a Write per buffer on other writers.
 func (cw *countingWriter) writeVectors(v *net.Buffers) (int64, error) {
+	cw.counts.writingVectors(*v)
 	n, err := v.WriteTo(cw.w)
 	cw.n.Add(uint64(n))
+	cw.counts.wroteBytes(n)
 	return n, cw.end.explain(err)
 }
 
@@ -272,6 +325,7 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 		<-prev.done
 	}
 	split := newFrameSplitter(&d.c.maxFrameSize)
+	split.counts = &d.io
 	cr := &contentReader{budget: d.budget}
 	defer cr.release() // content cut short by the generation's end
 	deadliner, _ := g.conn.(net.Conn)
@@ -398,6 +452,8 @@ func (g *drainGen) beatInterval() time.Duration {
 // queued, sending heartbeats meanwhile. It reports false if the generation
 // ended while paused.
 func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Duration) bool {
+	d.pauseBegan()
+	defer d.pauseEnded()
 	var tick <-chan time.Time
 	if interval > 0 {
 		t := time.NewTicker(interval)
@@ -449,6 +505,7 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 	n, err := nc.Write(heartbeatBytes)
 	_ = nc.SetWriteDeadline(time.Time{})
 	g.sent.Add(uint64(n))
+	d.io.wrote(heartbeatBytes[:n]) // at a frame boundary: the buffer is empty
 	g.lastBeat = g.sent.Load()
 	switch {
 	case err == nil:
@@ -463,7 +520,7 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 // connCall waits for a channel-0 reply, or for the generation to end.
 // Channel-0 replies are queued by the drainer itself, in frame order, so
 // one that came before the end is in rpc by the time the end is seen.
-func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) error {
+func (d *drainConn) connWait(_ chan *Error, rpc chan message, res []message) error {
 	g := d.current()
 	// Close's own wait is CloseTimeout's; closeStarted takes a lock, so
 	// only when there is a timeout to apply.
@@ -494,7 +551,7 @@ func (d *drainConn) connCall(_ chan *Error, rpc chan message, res []message) err
 // unless its reply came before the end: upstream's reader hands a reply
 // over before it reads the next frame, so the caller gets the reply (see
 // replyBefore).
-func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
+func (d *drainConn) chanWait(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := d.current()
 	timeout, stop := rpcTimer(d.opts.RPCTimeout, false)
 	defer stop()
@@ -579,6 +636,7 @@ func (d *drainConn) replyBefore(g *drainGen, rpc chan message) message {
 // are on (it may already have been in that read when the deadline went).
 func (d *drainConn) opened() {
 	g := d.current()
+	observeOpened(d.obs, "drainer", d.gens.Add(1))
 	if nc, ok := g.conn.(net.Conn); ok {
 		if interval := g.beatInterval(); interval > 0 {
 			_ = nc.SetReadDeadline(time.Now().Add(interval))
@@ -610,6 +668,7 @@ func (d *drainConn) shutdown(err *Error) {
 	g.setDead(err)
 	_ = g.conn.Close()
 	d.flush()
+	observeEnd(d.obs, "drainer", &g.genEnd, err)
 }
 
 // flush lets the notifications of frames read before the end reach their
@@ -667,4 +726,26 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 	default:
 		return err
 	}
+}
+
+// connCall and chanCall wait for a reply (connWait, chanWait) and report
+// the wait to the Observer.
+func (d *drainConn) connCall(errs chan *Error, rpc chan message, res []message) error {
+	if d.obs == nil || d.obs.RPC == nil {
+		return d.connWait(errs, rpc, res)
+	}
+	start := time.Now()
+	err := d.connWait(errs, rpc, res)
+	d.obs.RPC(RPCInfo{Method: requestFor(res), Latency: time.Since(start), Err: err})
+	return err
+}
+
+func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
+	if d.obs == nil || d.obs.RPC == nil {
+		return d.chanWait(ch, errs, rpc, res)
+	}
+	start := time.Now()
+	err := d.chanWait(ch, errs, rpc, res)
+	d.obs.RPC(RPCInfo{Channel: ch.id, Method: requestFor(res), Latency: time.Since(start), Err: err})
+	return err
 }

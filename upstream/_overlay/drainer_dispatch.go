@@ -302,6 +302,8 @@ func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 		disp.handleJob = disp.handle
 		d.initOutbox(&disp.out, &ch.notifyM, &ch.noNotify)
 		disp.out.outer = &d.mu
+		disp.out.channel = ch.id
+		disp.out.forget = ch.forgetListener
 		// A closed channel's dispatcher goes once its queue and outbox
 		// are both idle; if recovery reopens the channel, its frames
 		// start a new one. Both run under d.mu, then their own lock.
@@ -327,6 +329,7 @@ func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
 	o.lock, o.closed = lock, closed
 	o.budget, o.work = d.budget, &d.work
 	o.closeWait = d.opts.CloseTimeout
+	o.watch = d.watch
 }
 
 // queueRunning reports whether the dispatcher's goroutine runs.
@@ -366,11 +369,13 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 	d, ch, out := disp.d, disp.ch, &disp.out
 	switch m := msg.(type) {
 	case *basicAck:
+		ch.observeConfirm(m.DeliveryTag, m.Multiple, true)
 		if ch.confirming.Load() {
 			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: true}, m.Multiple)
 		}
 
 	case *basicNack:
+		ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
 		if ch.confirming.Load() {
 			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: false}, m.Multiple)
 		}
@@ -379,7 +384,11 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 		ch.notifyM.RLock()
 		ls := ch.returns
 		ch.notifyM.RUnlock()
-		notifyAllInOrder(out, ls, returnCost, *newReturn(*m))
+		r := newReturn(*m)
+		if d.obs != nil && d.obs.Returned != nil {
+			d.obs.Returned(r)
+		}
+		notifyAllInOrder(out, ls, returnCost, *r)
 
 	case *channelFlow:
 		ch.notifyM.RLock()
@@ -442,8 +451,16 @@ func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multipl
 	case !out.idle():
 		// Settled in order by the outbox. They leave the set now, so
 		// that upstream's reset and Close, which nack what is left in
-		// it, can never settle them twice.
-		if dcs := cf.deferredConfirmations.take(conf.DeliveryTag, multiple); len(dcs) > 0 {
+		// it, can never settle them twice. Every tag before expecting
+		// is settled already, and none after published exists: take
+		// looks only between them.
+		cf.publishedMut.Lock()
+		last := cf.published
+		cf.publishedMut.Unlock()
+		if conf.DeliveryTag < last {
+			last = conf.DeliveryTag
+		}
+		if dcs := cf.deferredConfirmations.take(cf.expecting, last, conf.DeliveryTag, multiple); len(dcs) > 0 {
 			settle = &settlement{dcs: dcs, ack: conf.Ack}
 		}
 	case multiple:

@@ -46,6 +46,8 @@ type frameSplitter struct {
 	// every frame they read.
 	raw    bytes.Reader
 	parser reader
+
+	counts *ioCounters // the connection's Stats counters, or nil
 }
 
 func newFrameSplitter(maxFrame *atomic.Uint32) *frameSplitter {
@@ -109,6 +111,9 @@ func (s *frameSplitter) next() ([]byte, error) {
 		return nil, &frameError{fmt.Sprintf("frame-end octet is %#x, want %#x", end, frameEnd), ErrFrame}
 	}
 	s.start += total
+	if s.counts != nil {
+		s.counts.framesIn.Add(1)
+	}
 	return avail[:total:total], nil
 }
 
@@ -152,6 +157,9 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	}
 	n, err := r.Read(s.buf[s.end:])
 	s.end += n
+	if s.counts != nil && n > 0 {
+		s.counts.bytesIn.Add(uint64(n))
+	}
 	if s.end == len(s.buf) && len(s.buf) < readAhead {
 		// The read filled the buffer, so more is probably waiting: read
 		// more at a time from now on, up to readAhead (and the frame

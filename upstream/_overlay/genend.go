@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,6 +17,8 @@ type genEnd struct {
 	once sync.Once
 	dead chan struct{}
 	err  *Error // why it ended; nil for an intentional close
+
+	reported atomic.Bool // the Observer has heard of the end (observeEnd)
 }
 
 func newGenEnd() genEnd { return genEnd{dead: make(chan struct{})} }

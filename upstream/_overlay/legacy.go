@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"runtime"
 	"sync"
@@ -70,6 +71,9 @@ type LegacyOptions struct {
 	// in a read cuts that read short instead of waiting for it, and the
 	// loop reads again afterwards; plain legacy mode keeps py-amqp's wait.
 	AutoDrain bool
+
+	// Observer, if not nil, is called from the fast paths (observe.go).
+	Observer *Observer
 }
 
 // Legacy returns the ReadPath of legacy (caller-drives-read) mode; set it
@@ -103,6 +107,13 @@ func (m legacyMode) attach(c *Connection) readPath {
 		closeIntent: newCloseIntent(),
 	}
 	l.confirmPump = l.waitConfirm
+	l.obs = m.opts.Observer
+	if l.obs != nil {
+		l.io.settled = l.obs.Settled
+	}
+	// Counted for Stats, never paused on: in legacy mode the caller
+	// reads, and a caller that stops reading stops the reading anyway.
+	l.counts = newBudget(math.MaxInt64, math.MaxInt64)
 	return l
 }
 
@@ -134,6 +145,13 @@ type legacyConn struct {
 	// confirmPump is l.waitConfirm, made once: a method value allocates,
 	// and every publish in confirm mode hands one out.
 	confirmPump confirmPump
+
+	io      ioCounters   // bytes and frames, for Stats
+	buffers bufferSet    // consumer buffers, for Stats
+	clocks  clockSet     // confirm clocks, for ConfirmInfo.Latency
+	counts  *budget      // deliveries waiting in consumer buffers: counted, never paused on
+	obs     *Observer    // LegacyOptions.Observer
+	gens    atomic.Int32 // generations opened, for ConnectionRecovered
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
@@ -160,7 +178,7 @@ type legacyGen struct {
 
 func (l *legacyConn) mode() string                          { return legacyModeName(l.opts) }
 func (l *legacyConn) rpcCap() int                           { return chanRPCCap }
-func (l *legacyConn) deliveryBudget() *budget               { return nil }
+func (l *legacyConn) deliveryBudget() *budget               { return l.counts }
 func (l *legacyConn) confirmWaiter() confirmPump            { return l.confirmPump }
 func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
 func (l *legacyConn) publishGate() *blockGate               { return &l.blocks }
@@ -176,6 +194,7 @@ func (l *legacyConn) opened() {
 	g.stateM.Lock()
 	g.opened = true
 	g.stateM.Unlock()
+	observeOpened(l.obs, l.mode(), l.gens.Add(1))
 	if nc, ok := g.conn.(net.Conn); ok {
 		_ = nc.SetReadDeadline(time.Now())
 	}
@@ -197,11 +216,13 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 		started:  time.Now(),
 		genEnd:   newGenEnd(),
 	}
+	g.split.counts = &l.io
 	l.mu.Lock()
 	l.gen = g
 	l.blocks.unblock() // a new socket, which the broker has not blocked
 	l.mu.Unlock()
 	l.c.sendM.Lock()
+	l.io.restart()
 	lw := &lockedWriter{l: l, g: g}
 	l.pub.buf, l.pub.out = bufio.NewWriter(lw), lw
 	l.c.writer = &writer{l.pub.buf}
@@ -224,6 +245,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 	w.lock()
 	defer w.l.transport.Unlock()
 	n, err := w.g.conn.Write(p)
+	w.l.io.wrote(p[:n])
 	if n > 0 {
 		w.g.stateM.Lock()
 		w.g.lastSent = time.Now()
@@ -263,7 +285,9 @@ func (w *lockedWriter) lock() {
 func (w *lockedWriter) writeVectors(v *net.Buffers) (int64, error) {
 	w.lock()
 	defer w.l.transport.Unlock()
+	w.l.io.writingVectors(*v)
 	n, err := v.WriteTo(w.g.conn)
+	w.l.io.wroteBytes(n)
 	if n > 0 {
 		w.g.stateM.Lock()
 		w.g.lastSent = time.Now()
@@ -383,11 +407,20 @@ func (l *legacyConn) dispatchChannel(g *legacyGen, id uint16, raw []byte) *Error
 	complete, method := cr.feed(a, &cf, c.maxFrameSize.Load())
 	switch {
 	case method != nil:
+		switch m := method.Method.(type) {
+		case *basicAck:
+			ch.observeConfirm(m.DeliveryTag, m.Multiple, true)
+		case *basicNack:
+			ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
+		}
 		ch.recv(ch, method)
 	case complete:
 		if del, msg := a.complete(); del != nil {
-			ch.consumers.send(del.ConsumerTag, del)
+			ch.consumers.deliver(del.ConsumerTag, del)
 		} else {
+			if r, ok := msg.(*basicReturn); ok && l.obs != nil && l.obs.Returned != nil {
+				l.obs.Returned(newReturn(*r))
+			}
 			ch.dispatch(msg)
 		}
 	}
@@ -753,7 +786,7 @@ func (l *legacyConn) chanErr(g *legacyGen, e *Error, ok bool) error {
 	return ErrClosed
 }
 
-func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) error {
+func (l *legacyConn) connWait(_ chan *Error, rpc chan message, res []message) error {
 	g := l.current()
 	ctx := context.Background()
 	if l.isCalled() {
@@ -771,7 +804,7 @@ func (l *legacyConn) connCall(_ chan *Error, rpc chan message, res []message) er
 	return matchReply(m, res)
 }
 
-func (l *legacyConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
+func (l *legacyConn) chanWait(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	g := l.current()
 	ctx, cancel := l.rpcContext(context.Background(), false)
 	defer cancel()
@@ -868,4 +901,40 @@ func (l *legacyConn) shutdown(err *Error) {
 	l.c.closed.Store(true)
 	g.setDead(err)
 	_ = g.conn.Close()
+	observeEnd(l.obs, l.mode(), &g.genEnd, err)
+}
+
+func (l *legacyConn) observer() *Observer             { return l.obs }
+func (l *legacyConn) confirmClock(id uint16) *chanObs { return l.clocks.clock(l.obs, id) }
+func (l *legacyConn) consumerBuffers() *bufferSet     { return &l.buffers }
+
+// stats is Stats in legacy mode: the counters and the consumer buffers;
+// notifications are handed over inline, as upstream does, so none wait.
+func (l *legacyConn) stats(s *Stats, now time.Time) {
+	l.io.fill(s)
+	s.Budget = l.counts.snapshot(now)
+	s.Budget.Limit = 0
+	s.Consumers = l.buffers.fill(s.Consumers, monoNow())
+}
+
+// connCall and chanCall wait for a reply (connWait, chanWait) and report
+// the wait to the Observer.
+func (l *legacyConn) connCall(errs chan *Error, rpc chan message, res []message) error {
+	if l.obs == nil || l.obs.RPC == nil {
+		return l.connWait(errs, rpc, res)
+	}
+	start := time.Now()
+	err := l.connWait(errs, rpc, res)
+	l.obs.RPC(RPCInfo{Method: requestFor(res), Latency: time.Since(start), Err: err})
+	return err
+}
+
+func (l *legacyConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
+	if l.obs == nil || l.obs.RPC == nil {
+		return l.chanWait(ch, errs, rpc, res)
+	}
+	start := time.Now()
+	err := l.chanWait(ch, errs, rpc, res)
+	l.obs.RPC(RPCInfo{Channel: ch.id, Method: requestFor(res), Latency: time.Since(start), Err: err})
+	return err
 }

@@ -4,6 +4,7 @@
 package amqp091
 
 import (
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,7 +66,23 @@ type outItem interface {
 	drop()
 	// cost is what the item is charged to the budget while it waits.
 	cost() int64
+	// kind names the listeners the item waits for, for Stats and the
+	// warnings; "" for actions, which wait for nobody.
+	kind() ListenerKind
 }
+
+// queuedItem is an item with the time it was queued (monoNow).
+type queuedItem struct {
+	it outItem
+	at int64
+}
+
+// monoBase anchors monoNow.
+var monoBase = time.Now()
+
+// monoNow is a monotonic clock reading in nanoseconds, cheaper to keep per
+// queued item than a time.Time.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
 
 // outbox hands one owner's notifications over in arrival order.
 //
@@ -82,7 +99,7 @@ type outbox struct {
 	closeWait time.Duration // how long a close waits for the notifications before it
 
 	mu      sync.Mutex
-	items   []outItem // items[head:] wait; items[head] is being handed over
+	items   []queuedItem // items[head:] wait; items[head] is being handed over
 	head    int
 	running bool
 	queued  uint64 // items ever queued; an item's sequence number is queued after it
@@ -92,6 +109,14 @@ type outbox struct {
 	dropAt      time.Time
 	retired     func() // runs under outer when the outbox empties, if set
 	outer       *sync.Mutex
+
+	// For Stats, the warnings and the stall policy (watch.go).
+	channel uint16         // the owner's channel id, 0 for the connection
+	bytes   int64          // what the waiting items are charged, under mu
+	notes   int            // how many notifications the waiting items hold, under mu
+	watch   *watcher       // nil when nobody watches
+	forget  func(any) bool // closes and unregisters a dropped listener, under lock (write); false if it was not registered
+	dropped map[any]bool   // listeners given up on, under lock
 }
 
 // idle reports whether nothing waits and no goroutine hands anything over.
@@ -105,26 +130,37 @@ func (o *outbox) idle() bool {
 // queue appends an item, charged to the budget, and starts the hand-over
 // goroutine if none runs. It returns the item's sequence number.
 func (o *outbox) queue(it outItem) uint64 {
-	o.budget.charge(it.cost())
+	cost := it.cost()
+	o.budget.charge(cost)
 	o.work.add(1)
+	at := monoNow()
 	o.mu.Lock()
 	if len(o.items) == cap(o.items) && o.head >= len(o.items)/2 {
 		// Slide down instead of growing, so a queue that never empties
 		// does not keep every item it ever handed over.
 		n := copy(o.items, o.items[o.head:])
 		for i := n; i < len(o.items); i++ {
-			o.items[i] = nil
+			o.items[i] = queuedItem{}
 		}
 		o.items, o.head = o.items[:n], 0
 	}
-	o.items = append(o.items, it)
+	o.items = append(o.items, queuedItem{it, at})
 	o.queued++
 	seq := o.queued
 	start := !o.running
 	o.running = true
+	o.bytes += cost
+	o.notes += itemCount(it)
+	var h outboxHead
+	if o.watch != nil {
+		h = o.headLocked(at)
+	}
 	o.mu.Unlock()
 	if start {
 		go o.run()
+	}
+	if o.watch != nil {
+		o.watch.queued(o, h)
 	}
 	return seq
 }
@@ -168,7 +204,7 @@ func (o *outbox) run() {
 		}
 	}()
 	for {
-		it, seq, ok := o.next()
+		it, seq, at, ok := o.next()
 		if !ok {
 			return
 		}
@@ -177,23 +213,29 @@ func (o *outbox) run() {
 				it.drop()
 				break
 			}
+			if o.watch != nil {
+				o.watch.waiting(o, it, at)
+			}
 			if slice *= 2; slice > outboxMaxSlice {
 				slice = outboxMaxSlice
 			}
 		}
 		slice = outboxMinSlice
+		cost := it.cost()
 		o.mu.Lock()
-		o.items[o.head] = nil
+		o.items[o.head] = queuedItem{}
 		o.head++
+		o.bytes -= cost
+		o.notes -= itemCount(it)
 		o.mu.Unlock()
-		o.budget.release(it.cost())
+		o.budget.release(cost)
 		o.work.add(-1)
 	}
 }
 
 // next returns the item at the head of the queue, or retires the
 // goroutine when there is none.
-func (o *outbox) next() (outItem, uint64, bool) {
+func (o *outbox) next() (outItem, uint64, int64, bool) {
 	if o.outer != nil {
 		o.outer.Lock()
 		defer o.outer.Unlock()
@@ -214,10 +256,11 @@ func (o *outbox) next() (outItem, uint64, bool) {
 		if o.retired != nil {
 			o.retired()
 		}
-		return nil, 0, false
+		return nil, 0, 0, false
 	}
 	waiting := uint64(len(o.items) - o.head)
-	return o.items[o.head], o.queued - waiting + 1, true
+	q := o.items[o.head]
+	return q.it, o.queued - waiting + 1, q.at, true
 }
 
 // notifyAllInOrder hands vs to every listener in ls, in order, after
@@ -234,6 +277,7 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 	// Copied, so that the inline attempt above allocates nothing.
 	left := new(notes[T])
 	*left = n
+	left.of = kindOf[T]()
 	o.queue(left)
 }
 
@@ -265,6 +309,34 @@ type notes[T any] struct {
 	vs     []T
 	li, vi int // next: vs[vi] to ls[li]
 	costOf func(T) int64
+	of     ListenerKind
+}
+
+func (n *notes[T]) kind() ListenerKind { return n.of }
+
+// kindOf names the listeners of values of type T.
+func kindOf[T any]() ListenerKind {
+	switch any((*T)(nil)).(type) {
+	case *Confirmation:
+		return KindNotifyPublish
+	case *Return:
+		return KindNotifyReturn
+	case *bool:
+		return KindNotifyFlow
+	case *string:
+		return KindNotifyCancel
+	case *Blocking:
+		return KindNotifyBlocked
+	}
+	return ListenerKind(fmt.Sprintf("%T", *new(T)))
+}
+
+// blocked is the listener the hand-over waits for, or nil.
+func (n *notes[T]) blocked() any {
+	if n.vi < len(n.vs) && n.li < len(n.ls) {
+		return n.ls[n.li]
+	}
+	return nil
 }
 
 func (n *notes[T]) cost() int64 {
@@ -287,6 +359,9 @@ func (n *notes[T]) tryNow(o *outbox) bool {
 	}
 	for ; n.vi < len(n.vs); n.vi, n.li = n.vi+1, 0 {
 		for ; n.li < len(n.ls); n.li++ {
+			if o.dropped != nil && o.dropped[n.ls[n.li]] {
+				continue // closed by the stall policy
+			}
 			select {
 			case n.ls[n.li] <- n.vs[n.vi]:
 			default:
@@ -305,6 +380,9 @@ func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) 
 	}
 	for ; n.vi < len(n.vs); n.vi, n.li = n.vi+1, 0 {
 		for ; n.li < len(n.ls); n.li++ {
+			if o.dropped != nil && o.dropped[n.ls[n.li]] {
+				continue // closed by the stall policy
+			}
 			select {
 			case n.ls[n.li] <- n.vs[n.vi]:
 				continue
@@ -339,8 +417,9 @@ func (a action) handOver(*outbox, time.Duration, **time.Timer) bool {
 	return true
 }
 
-func (a action) drop()       { a() }
-func (a action) cost() int64 { return frameCost }
+func (a action) drop()              { a() }
+func (a action) cost() int64        { return frameCost }
+func (a action) kind() ListenerKind { return "" }
 
 // settlement resolves DeferredConfirmations taken out of their channel's
 // set when the confirm arrived, once the notifications before it were
@@ -357,14 +436,20 @@ func (s *settlement) handOver(*outbox, time.Duration, **time.Timer) bool {
 	return true
 }
 
-func (s *settlement) drop()       { _ = s.handOver(nil, 0, nil) }
-func (s *settlement) cost() int64 { return frameCost * int64(len(s.dcs)) }
+func (s *settlement) drop()              { _ = s.handOver(nil, 0, nil) }
+func (s *settlement) cost() int64        { return frameCost * int64(len(s.dcs)) }
+func (s *settlement) kind() ListenerKind { return KindDeferredConfirmation }
 
 // take removes from the set and returns the DeferredConfirmations that a
 // confirm of tag (and of every tag before it, if multiple) settles, so
 // that they can settle later, in order, and nothing else settles them
-// (upstream's reset and Close nack only what is still in the set).
-func (d *deferredConfirmations) take(tag uint64, multiple bool) []*DeferredConfirmation {
+// (upstream's reset and Close nack only what is still in the set). For
+// multiple, the set holds no tag below from and none above last that a
+// confirm of tag settles, so only those tags are looked up: the cost is
+// the number of tags the confirm covers, not the size of the set, which
+// behind an unread listener is large (upstream's ConfirmMultiple walks
+// the whole set).
+func (d *deferredConfirmations) take(from, last, tag uint64, multiple bool) []*DeferredConfirmation {
 	d.m.Lock()
 	defer d.m.Unlock()
 	if !multiple {
@@ -376,6 +461,15 @@ func (d *deferredConfirmations) take(tag uint64, multiple bool) []*DeferredConfi
 		return []*DeferredConfirmation{dc}
 	}
 	var dcs []*DeferredConfirmation
+	if last >= from && last-from < uint64(len(d.confirmations)) {
+		for k := from; k <= last; k++ {
+			if dc, found := d.confirmations[k]; found {
+				dcs = append(dcs, dc)
+				delete(d.confirmations, k)
+			}
+		}
+		return dcs
+	}
 	for k, dc := range d.confirmations {
 		if k <= tag {
 			dcs = append(dcs, dc)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Pooled consumption: Channel.ConsumeFunc.
@@ -114,6 +115,15 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 		}
 		d.Body = nil
 	}
+	handle := handler
+	if obs := ch.connection.obsOf(); obs != nil && obs.Handled != nil {
+		handle = func(d *Delivery) error {
+			start := time.Now()
+			err := handler(d)
+			obs.Handled(d, time.Since(start), err)
+			return err
+		}
+	}
 	// One Delivery for the whole consumption: handler gets a pointer to
 	// it, which would otherwise cost an allocation per message.
 	d := new(Delivery)
@@ -124,7 +134,7 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 				return consumeEnded(closed)
 			}
 			*d = next
-			herr := handler(d)
+			herr := handle(d)
 			recycle(d)
 			if herr != nil {
 				_ = ch.Cancel(tag, false)
@@ -148,7 +158,7 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 			// none is lost, then stop.
 			for next := range deliveries {
 				*d = next
-				_ = handler(d)
+				_ = handle(d)
 				recycle(d)
 			}
 			return ctx.Err()

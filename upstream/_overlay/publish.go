@@ -5,6 +5,7 @@ package amqp091
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -83,7 +84,16 @@ func putPublishBuf(pb *publishBuf) {
 // publishFast is upstream's PublishWithDeferredConfirm with the encoding
 // above. Header validation, confirm bookkeeping, the checks of a closed
 // channel and connection and their order are upstream's.
-func (ch *Channel) publishFast(exchange, key string, mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
+func (ch *Channel) publishFast(ctx context.Context, exchange, key string, mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
+	if o := ch.connection.obsOf(); o != nil {
+		return ch.publishObserved(ctx, o, exchange, key, mandatory, immediate, msg)
+	}
+	return ch.publishFrames(exchange, key, mandatory, immediate, msg, nil)
+}
+
+// publishFrames encodes and writes the publish, recording its delivery
+// tag's send time in clock if there is one.
+func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool, msg *Publishing, clock *chanObs) (*DeferredConfirmation, error) {
 	if err := msg.Headers.Validate(); err != nil {
 		return nil, err
 	}
@@ -102,11 +112,17 @@ func (ch *Channel) publishFast(exchange, key string, mandatory, immediate bool, 
 	if ch.confirming.Load() {
 		dc = ch.confirms.publish()
 		dc.pump = ch.connection.confirmPump()
+		if clock != nil {
+			clock.sending(dc.DeliveryTag)
+		}
 	}
 
 	if err := ch.sendPublish(pb, encErr, msg.Body); err != nil {
 		if ch.confirming.Load() {
 			ch.confirms.unpublish()
+			if clock != nil && dc != nil {
+				clock.unsent(dc.DeliveryTag)
+			}
 		}
 		return nil, err
 	}

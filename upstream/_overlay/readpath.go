@@ -75,8 +75,9 @@ type readPath interface {
 	// rpcCap is the capacity of each channel's rpc chan (upstream: 0).
 	rpcCap() int
 
-	// deliveryBudget is the budget that buffered deliveries count against,
-	// or nil for upstream's unbounded consumer buffers.
+	// deliveryBudget is the budget that buffered deliveries count against
+	// (in legacy mode one that is never paused on, so Stats sees them), or
+	// nil for upstream's consumer buffers.
 	deliveryBudget() *budget
 
 	// connCall waits for the reply to a channel-0 request that the caller
@@ -124,6 +125,21 @@ type readPath interface {
 	// nextReply waits until ctx ends for the next message in rpc, or for
 	// errs, reading frames meanwhile if nobody else does (legacy).
 	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
+
+	// stats fills in s, a snapshot taken at now, with what this read path
+	// counts and holds (stats.go).
+	stats(s *Stats, now time.Time)
+
+	// observer is the Observer of the read path's options, or nil.
+	observer() *Observer
+
+	// confirmClock is channel id's confirm clock, or nil unless the
+	// Observer has a Confirmed hook.
+	confirmClock(id uint16) *chanObs
+
+	// consumerBuffers is where the consumer buffers that count against
+	// deliveryBudget register, for Stats.
+	consumerBuffers() *bufferSet
 }
 
 // defaultReadPath serves connections whose Config.ReadPath is nil when no

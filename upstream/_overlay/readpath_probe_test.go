@@ -107,3 +107,8 @@ func (p *seamProbeConn) nextReply(ctx context.Context, errs chan *Error, rpc cha
 var neverBlocked blockGate
 
 func (p *seamProbeConn) publishGate() *blockGate { return &neverBlocked }
+
+func (p *seamProbeConn) stats(*Stats, time.Time)      {}
+func (p *seamProbeConn) confirmClock(uint16) *chanObs { return nil }
+func (p *seamProbeConn) observer() *Observer          { return nil }
+func (p *seamProbeConn) consumerBuffers() *bufferSet  { return nil }

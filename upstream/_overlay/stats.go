@@ -1,0 +1,110 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"sort"
+	"time"
+)
+
+// Stats is a snapshot of what a connection has moved and what it holds,
+// from (*Connection).Stats. Counters cover the connection's whole life,
+// every recovery generation included.
+type Stats struct {
+	Mode string    // the read mode, as ReadMode reports it
+	At   time.Time // when the snapshot was taken
+
+	// Bytes and frames read from and written to the socket. In upstream
+	// mode only FramesIn is counted (upstream's reader counts the frames
+	// it dispatches); the others stay 0.
+	BytesIn, BytesOut   uint64
+	FramesIn, FramesOut uint64
+
+	// Budget is the drainer's memory budget. In legacy mode Limit is 0
+	// (legacy never stops reading for memory: the caller reads) and Used
+	// counts the deliveries waiting in consumer buffers.
+	Budget BudgetStats
+
+	// Listeners lists, in drainer mode, the notifications waiting for a
+	// listener (NotifyPublish, NotifyReturn, ...): one entry per channel
+	// and kind with anything queued, biggest first. Legacy and upstream
+	// hand notifications over inline, so nothing waits there.
+	Listeners []ListenerStats
+
+	// Consumers lists, in drainer and legacy modes, the deliveries that
+	// wait for the application to receive them from its Consume chan: one
+	// entry per consumer with anything queued, biggest first.
+	Consumers []ConsumerStats
+
+	// DroppedListeners counts the listeners closed by the stall policy
+	// (DrainerOptions.DropStalledListener).
+	DroppedListeners uint64
+}
+
+// BudgetStats is the budget part of Stats.
+type BudgetStats struct {
+	Limit int64 // the budget in bytes; 0 when the read path keeps none
+	Used  int64 // bytes read that wait for a user
+
+	Paused      bool          // reading is paused for the budget now
+	Pauses      uint64        // how often reading paused
+	PausedTotal time.Duration // how long reading paused in all, the current pause included
+}
+
+// ListenerKind names the kind of a listener, as the method that registers
+// it: "NotifyPublish", "NotifyReturn", "NotifyFlow", "NotifyCancel",
+// "NotifyBlocked"; "DeferredConfirmation" for settlements waiting behind a
+// listener.
+type ListenerKind string
+
+// The kinds of listeners.
+const (
+	KindNotifyPublish        ListenerKind = "NotifyPublish"
+	KindNotifyReturn         ListenerKind = "NotifyReturn"
+	KindNotifyFlow           ListenerKind = "NotifyFlow"
+	KindNotifyCancel         ListenerKind = "NotifyCancel"
+	KindNotifyBlocked        ListenerKind = "NotifyBlocked"
+	KindDeferredConfirmation ListenerKind = "DeferredConfirmation"
+	KindConsumer             ListenerKind = "Consume"
+)
+
+// ListenerStats describes what waits for the listeners of one kind on one
+// channel (0: the connection).
+type ListenerStats struct {
+	Kind        ListenerKind
+	Channel     uint16
+	Queued      int           // notifications waiting
+	QueuedBytes int64         // what they are charged to the budget
+	OldestAge   time.Duration // how long the oldest has waited
+}
+
+// ConsumerStats describes what waits for one consumer.
+type ConsumerStats struct {
+	Channel     uint16
+	ConsumerTag string
+	Queued      int           // deliveries waiting in its buffer
+	QueuedBytes int64         // what they are charged to the budget
+	OldestAge   time.Duration // how long the oldest has waited
+}
+
+// Stats returns a snapshot of the connection's counters and of what it
+// holds for users. It is safe to call from any goroutine at any time,
+// before and after Close; its cost grows with the number of channels and
+// consumers, not with the traffic.
+func (c *Connection) Stats() Stats {
+	now := time.Now()
+	s := Stats{Mode: c.ReadMode(), At: now}
+	if c.rp == nil {
+		s.FramesIn = c.dispatched.frames.Load()
+		return s
+	}
+	c.rp.stats(&s, now)
+	sort.SliceStable(s.Listeners, func(i, j int) bool {
+		return s.Listeners[i].QueuedBytes > s.Listeners[j].QueuedBytes
+	})
+	sort.SliceStable(s.Consumers, func(i, j int) bool {
+		return s.Consumers[i].QueuedBytes > s.Consumers[j].QueuedBytes
+	})
+	return s
+}
