@@ -25,6 +25,7 @@ type Listing struct {
 	Cases      []string      `json:"cases"`
 	Modes      []string      `json:"modes"`
 	Reps       int           `json:"reps"`
+	QuickReps  int           `json:"quick_reps,omitempty"`
 	Concurrent bool          `json:"concurrent"`
 	Timeout    time.Duration `json:"timeout"`
 }

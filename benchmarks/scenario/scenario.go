@@ -41,6 +41,8 @@ type Scenario struct {
 	// Reps overrides the runner's repetition count when non-zero, for
 	// scenarios whose length is fixed by what they measure (30 s idle).
 	Reps int
+	// QuickReps, when non-zero, is the repetition count under -quick.
+	QuickReps int
 	// Concurrent lets the runner start every variant and repetition of a
 	// case at once. Only for scenarios whose measurement is per process
 	// and that load neither broker nor CPU (a throttled transfer).
@@ -94,7 +96,7 @@ func (s *Scenario) order() int {
 var suiteOrder = []string{
 	"stalled-consumer", "stalled-listener", "throughput", "error-propagation",
 	"bounded-shutdown", "fragmented-frame", "idle-connections", "allocations",
-	"client-throughput", "confirm-wait",
+	"client-throughput", "confirm-wait", "observability",
 }
 
 // CaseList returns s.Cases, or one unnamed case.
@@ -112,6 +114,10 @@ type Result struct {
 	Metrics map[string]float64      `json:"metrics"`
 	Latency map[string]hist.Summary `json:"latency,omitempty"`
 	Notes   []string                `json:"notes,omitempty"`
+	// Timeline is what a run sampled over time, for a timeline chart;
+	// Lines are log lines it quotes in the report, by name.
+	Timeline []BudgetPoint     `json:"timeline,omitempty"`
+	Lines    map[string]string `json:"lines,omitempty"`
 }
 
 // NewResult returns an empty Result.

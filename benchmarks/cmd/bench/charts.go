@@ -46,6 +46,12 @@ func drawCharts(s suite, dir string) (map[string]string, error) {
 				}
 				files[chartKey(sr.Name, cr.Case, name)] = file
 			}
+			file := filepath.Join(dir, fileName(sr.Name, cr.Case)+".png")
+			if ok, err := timelineChart(sr, cr, file); err != nil {
+				return nil, err
+			} else if ok {
+				files[chartKey(sr.Name, cr.Case, "timeline")] = file
+			}
 		}
 	}
 	p, ok, err := ratioChart(s)

@@ -115,6 +115,13 @@ func runSuite(ctx context.Context, cfg config) error {
 		return err
 	}
 	suite := assemble(env, plan, runs)
+	for _, sr := range suite.Scenarios {
+		for _, cr := range sr.Cases {
+			if t := timelineSummary(sr, cr); t != "" {
+				logf("%s %s:\n%s", sr.Name, cr.Case, t)
+			}
+		}
+	}
 	if cfg.scenarios == "" || contains(strings.Split(cfg.scenarios, ","), "allocations") {
 		logf("micro-benchmarks (benchmarks/micro), both builds")
 		if suite.Micro, err = runMicro(ctx, cfg.quick); err != nil {

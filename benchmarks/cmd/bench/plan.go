@@ -69,6 +69,9 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 		if s.Reps > 0 && !cfg.quick {
 			reps = s.Reps
 		}
+		if s.QuickReps > 0 && cfg.quick {
+			reps = s.QuickReps
+		}
 		variants := variantsFor(s.Modes, cfg.variants)
 		if cfg.ab {
 			variants = abVariants(variants, cfg.abMode)

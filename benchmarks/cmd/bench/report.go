@@ -112,6 +112,12 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 					w("![%s %s latency distribution](%s)\n\n", sr.Name, name, rel(c))
 				}
 			}
+			if c, ok := charts[chartKey(sr.Name, cr.Case, "timeline")]; ok {
+				w("![%s %s over time](%s)\n\n", sr.Name, cr.Case, rel(c))
+			}
+			if t := timelineSummary(sr, cr); t != "" {
+				w("%s\n", t)
+			}
 			for _, v := range cr.Variants {
 				for _, n := range cr.Notes[v] {
 					w("- note (%s): %s\n", v, n)

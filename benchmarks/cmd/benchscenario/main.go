@@ -38,7 +38,7 @@ func main() {
 		for _, n := range scenario.Names() {
 			s, _ := scenario.Lookup(n)
 			ls = append(ls, scenario.Listing{Name: n, Cases: s.CaseList(), Modes: s.Modes,
-				Reps: s.Reps, Concurrent: s.Concurrent, Timeout: timeout(s)})
+				Reps: s.Reps, QuickReps: s.QuickReps, Concurrent: s.Concurrent, Timeout: timeout(s)})
 		}
 		emit(ls)
 		return

@@ -5,6 +5,7 @@ package readmode
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -45,4 +46,24 @@ const Pooled = true
 // ends or the consumption fails.
 func ConsumeFunc(ctx context.Context, ch *amqp.Channel, queue string, autoAck bool, handler func(*amqp.Delivery) error) error {
 	return ch.ConsumeFunc(ctx, queue, amqp.ConsumeFuncOptions{AutoAck: autoAck}, handler)
+}
+
+// DialDrainer dials url with cfg in drainer mode, with the given read
+// budget and a Logger for the drainer's warnings.
+func DialDrainer(url string, cfg amqp.Config, budget int64, logger *slog.Logger) (*amqp.Connection, error) {
+	return compat.DialConfig(url, cfg, compat.Drainer,
+		compat.WithDrainerOptions(amqp.DrainerOptions{Budget: budget, Logger: logger}))
+}
+
+// ReadBudget samples conn's read budget and its biggest NotifyPublish
+// listener from conn.Stats.
+func ReadBudget(conn *amqp.Connection) (BudgetSample, error) {
+	s := conn.Stats()
+	b := BudgetSample{Limit: s.Budget.Limit, Used: s.Budget.Used, Paused: s.Budget.Paused, Pauses: s.Budget.Pauses}
+	for _, l := range s.Listeners {
+		if l.Kind == amqp.KindNotifyPublish {
+			b.PublishDepth = max(b.PublishDepth, l.Queued)
+		}
+	}
+	return b, nil
 }

@@ -5,6 +5,7 @@ package readmode
 import (
 	"context"
 	"fmt"
+	"log/slog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -69,3 +70,11 @@ func ConsumeFunc(ctx context.Context, ch *amqp.Channel, queue string, autoAck bo
 		}
 	}
 }
+
+// DialDrainer fails: pristine upstream has no drainer mode.
+func DialDrainer(string, amqp.Config, int64, *slog.Logger) (*amqp.Connection, error) {
+	return nil, ErrUnsupported
+}
+
+// ReadBudget fails: pristine upstream keeps no read budget.
+func ReadBudget(*amqp.Connection) (BudgetSample, error) { return BudgetSample{}, ErrUnsupported }

@@ -21,3 +21,13 @@ const (
 
 // ErrUnsupported is returned for a mode this build does not have.
 var ErrUnsupported = errors.New("readmode: this build does not offer that read mode")
+
+// A BudgetSample is what ReadBudget reads from a drainer connection's
+// Stats: its read budget, and the notifications waiting for its biggest
+// NotifyPublish listener.
+type BudgetSample struct {
+	Limit, Used  int64  // bytes
+	Paused       bool   // reading is paused for the budget
+	Pauses       uint64 // how often reading paused
+	PublishDepth int    // confirmations queued for the biggest NotifyPublish listener
+}
