@@ -180,33 +180,40 @@ func BenchmarkDeliver(b *testing.B) {
 		n := b.N
 		p := fakepeer.Listen(b)
 		encoded, release := serveDeliveries(p, n, size)
-		conn := dial(b, p, mode, nil)
-		ch, err := conn.Channel()
-		if err != nil {
-			b.Fatalf("channel: %v", err)
-		}
-		deliveries, err := ch.Consume("bench", consumerTag, true, false, false, false, nil)
-		if err != nil {
-			b.Fatalf("consume: %v", err)
-		}
-		stop := scenario.StartDrainLoop(conn, mode, time.Second)
-		defer stop()
-		select {
-		case <-encoded:
-		case <-time.After(10 * time.Second): // the script failed; the peer reported why
-			b.Fatal("the peer never encoded its deliveries")
-		}
-
-		b.ReportAllocs()
-		b.ResetTimer()
-		close(release)
-		for i := range n {
-			if _, ok := <-deliveries; !ok {
-				b.Fatalf("deliveries closed after %d of %d", i, n)
-			}
-		}
-		b.StopTimer()
+		receiveTimed(b, dial(b, p, mode, nil), mode, n, encoded, release)
 	})
+}
+
+// receiveTimed consumes from conn, in mode, the n deliveries that the peer
+// (serveDeliveries) has encoded and sends once release is closed, timing
+// only their reception.
+func receiveTimed(b *testing.B, conn *amqp.Connection, mode string, n int, encoded, release chan struct{}) {
+	b.Helper()
+	ch, err := conn.Channel()
+	if err != nil {
+		b.Fatalf("channel: %v", err)
+	}
+	deliveries, err := ch.Consume("bench", consumerTag, true, false, false, false, nil)
+	if err != nil {
+		b.Fatalf("consume: %v", err)
+	}
+	stop := scenario.StartDrainLoop(conn, mode, time.Second)
+	defer stop()
+	select {
+	case <-encoded:
+	case <-time.After(10 * time.Second): // the script failed; the peer reported why
+		b.Fatal("the peer never encoded its deliveries")
+	}
+
+	b.ReportAllocs()
+	b.ResetTimer()
+	close(release)
+	for i := range n {
+		if _, ok := <-deliveries; !ok {
+			b.Fatalf("deliveries closed after %d of %d", i, n)
+		}
+	}
+	b.StopTimer()
 }
 
 // dial connects to p in mode, with heartbeats off (the peer sends none,

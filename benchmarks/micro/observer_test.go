@@ -11,7 +11,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/fakepeer"
 )
 
@@ -79,7 +78,7 @@ func dialObserved(b *testing.B, p *fakepeer.Peer, mode string, obs *amqp.Observe
 func BenchmarkObserverPublish(b *testing.B) {
 	for _, mode := range []string{"drainer", "legacy"} {
 		for _, v := range observerVariants {
-			b.Run("mode="+mode+"/observer="+v.name, func(b *testing.B) { benchObservedPublish(b, mode, v.obs()) })
+			b.Run("observer="+v.name+"/mode="+mode, func(b *testing.B) { benchObservedPublish(b, mode, v.obs()) })
 		}
 	}
 }
@@ -112,7 +111,7 @@ func benchObservedPublish(b *testing.B, mode string, obs *amqp.Observer) {
 func BenchmarkObserverDeliver(b *testing.B) {
 	for _, mode := range []string{"drainer", "legacy"} {
 		for _, v := range observerVariants {
-			b.Run("mode="+mode+"/observer="+v.name, func(b *testing.B) { benchObservedDeliver(b, mode, v.obs()) })
+			b.Run("observer="+v.name+"/mode="+mode, func(b *testing.B) { benchObservedDeliver(b, mode, v.obs()) })
 		}
 	}
 }
@@ -121,31 +120,7 @@ func benchObservedDeliver(b *testing.B, mode string, obs *amqp.Observer) {
 	n := b.N
 	p := fakepeer.Listen(b)
 	encoded, release := serveDeliveries(p, n, 512)
-	conn := dialObserved(b, p, mode, obs, nil)
-	ch, err := conn.Channel()
-	if err != nil {
-		b.Fatalf("channel: %v", err)
-	}
-	deliveries, err := ch.Consume("bench", consumerTag, true, false, false, false, nil)
-	if err != nil {
-		b.Fatalf("consume: %v", err)
-	}
-	stop := scenario.StartDrainLoop(conn, mode, time.Second)
-	defer stop()
-	select {
-	case <-encoded:
-	case <-time.After(10 * time.Second):
-		b.Fatal("the peer never encoded its deliveries")
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	close(release)
-	for i := range n {
-		if _, ok := <-deliveries; !ok {
-			b.Fatalf("deliveries closed after %d of %d", i, n)
-		}
-	}
-	b.StopTimer()
+	receiveTimed(b, dialObserved(b, p, mode, obs, nil), mode, n, encoded, release)
 }
 
 // TestObserverKeepsAllocations holds the fast paths to their allocations:

@@ -113,13 +113,16 @@ type DrainerOptions struct {
 	WarnInterval time.Duration
 
 	// DropStalledListener, when positive, is how long a notification may
-	// wait for its listener (NotifyPublish, NotifyReturn, NotifyFlow,
-	// NotifyCancel, NotifyBlocked) before that listener is given up: its
-	// chan is closed, what was queued for it is dropped, an error is
-	// logged and Stats().DroppedListeners counts it. The connection and
-	// the channel's other listeners go on. Zero, the default, never
-	// drops: a listener nobody reads holds its channel's notifications
-	// and, once the budget is full, pauses reading.
+	// wait for a channel's listener (NotifyPublish, NotifyReturn,
+	// NotifyFlow, NotifyCancel) before that listener is given up: its
+	// chan is closed and unregistered, what was queued for it is
+	// dropped, an error is logged, Stats().DroppedListeners counts it and
+	// Observer.ListenerDropped hears of it. The connection, the channel,
+	// its other listeners and its DeferredConfirmations go on.
+	// NotifyBlocked listeners, two notifications per alarm, are never
+	// dropped. Zero, the default, never drops: a listener nobody reads
+	// holds its channel's notifications and, once the budget is full,
+	// pauses reading.
 	DropStalledListener time.Duration
 
 	// Observer, if not nil, is called from the fast paths (observe.go).
@@ -728,24 +731,12 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 	}
 }
 
-// connCall and chanCall wait for a reply (connWait, chanWait) and report
-// the wait to the Observer.
+// connCall and chanCall wait for a reply (connWait, chanWait), reported to
+// the Observer (observedWait).
 func (d *drainConn) connCall(errs chan *Error, rpc chan message, res []message) error {
-	if d.obs == nil || d.obs.RPC == nil {
-		return d.connWait(errs, rpc, res)
-	}
-	start := time.Now()
-	err := d.connWait(errs, rpc, res)
-	d.obs.RPC(RPCInfo{Method: requestFor(res), Latency: time.Since(start), Err: err})
-	return err
+	return observedWait(d.obs, 0, res, func() error { return d.connWait(errs, rpc, res) })
 }
 
 func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	if d.obs == nil || d.obs.RPC == nil {
-		return d.chanWait(ch, errs, rpc, res)
-	}
-	start := time.Now()
-	err := d.chanWait(ch, errs, rpc, res)
-	d.obs.RPC(RPCInfo{Channel: ch.id, Method: requestFor(res), Latency: time.Since(start), Err: err})
-	return err
+	return observedWait(d.obs, ch.id, res, func() error { return d.chanWait(ch, errs, rpc, res) })
 }

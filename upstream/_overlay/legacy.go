@@ -917,24 +917,12 @@ func (l *legacyConn) stats(s *Stats, now time.Time) {
 	s.Consumers = l.buffers.fill(s.Consumers, monoNow())
 }
 
-// connCall and chanCall wait for a reply (connWait, chanWait) and report
-// the wait to the Observer.
+// connCall and chanCall wait for a reply (connWait, chanWait), reported to
+// the Observer (observedWait).
 func (l *legacyConn) connCall(errs chan *Error, rpc chan message, res []message) error {
-	if l.obs == nil || l.obs.RPC == nil {
-		return l.connWait(errs, rpc, res)
-	}
-	start := time.Now()
-	err := l.connWait(errs, rpc, res)
-	l.obs.RPC(RPCInfo{Method: requestFor(res), Latency: time.Since(start), Err: err})
-	return err
+	return observedWait(l.obs, 0, res, func() error { return l.connWait(errs, rpc, res) })
 }
 
 func (l *legacyConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	if l.obs == nil || l.obs.RPC == nil {
-		return l.chanWait(ch, errs, rpc, res)
-	}
-	start := time.Now()
-	err := l.chanWait(ch, errs, rpc, res)
-	l.obs.RPC(RPCInfo{Channel: ch.id, Method: requestFor(res), Latency: time.Since(start), Err: err})
-	return err
+	return observedWait(l.obs, ch.id, res, func() error { return l.chanWait(ch, errs, rpc, res) })
 }

@@ -51,8 +51,9 @@ type Observer struct {
 	// Returned runs for every basic.return, as it arrives.
 	Returned func(*Return)
 
-	// Delivered runs for every delivery as it is decoded, before it is
-	// queued for its consumer.
+	// Delivered runs for every delivery to a consumer (basic.deliver) as
+	// it is decoded, before it is queued for its consumer. Get's
+	// basic.get-ok is not reported.
 	Delivered func(*Delivery)
 
 	// Handled runs when a ConsumeFunc handler returns, with its error and

@@ -208,3 +208,16 @@ func observeEnd(obs *Observer, mode string, g *genEnd, err *Error) {
 	}
 	obs.Connection(ConnectionEvent{Kind: ConnectionFailed, Mode: mode, Err: err})
 }
+
+// observedWait runs wait, a read mode's wait for the reply to a request on
+// channel (res are the replies it expects), and reports it to obs's RPC
+// hook, if there is one.
+func observedWait(obs *Observer, channel uint16, res []message, wait func() error) error {
+	if obs == nil || obs.RPC == nil {
+		return wait()
+	}
+	start := time.Now()
+	err := wait()
+	obs.RPC(RPCInfo{Channel: channel, Method: requestFor(res), Latency: time.Since(start), Err: err})
+	return err
+}

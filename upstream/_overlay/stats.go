@@ -55,7 +55,8 @@ type BudgetStats struct {
 // ListenerKind names the kind of a listener, as the method that registers
 // it: "NotifyPublish", "NotifyReturn", "NotifyFlow", "NotifyCancel",
 // "NotifyBlocked"; "DeferredConfirmation" for settlements waiting behind a
-// listener.
+// listener; "Consume" for a consumer, where a consumer and the listeners
+// are ranked together (BudgetInfo.Holder, the warnings).
 type ListenerKind string
 
 // The kinds of listeners.

@@ -21,6 +21,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -45,11 +46,16 @@ func main() {
 	flag.StringVar(&cfg.results, "results", "benchmarks/results", "directory for the raw JSON and the charts")
 	flag.BoolVar(&cfg.ab, "ab", false, "compare the pristine build with the patched build in -mode through benchstat, instead of writing the report")
 	flag.StringVar(&cfg.abMode, "mode", "drainer", "with -ab: the patched build's read mode")
+	flag.BoolVar(&cfg.render, "render", false, "measure nothing: rewrite the report and the charts from -results' results.json (after a change to the report's code)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := runSuite(ctx, cfg); err != nil {
+	run := runSuite
+	if cfg.render {
+		run = func(_ context.Context, cfg config) error { return render(cfg) }
+	}
+	if err := run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		os.Exit(1)
 	}
@@ -64,6 +70,7 @@ type config struct {
 	report, results string
 	ab              bool
 	abMode          string
+	render          bool
 }
 
 func runSuite(ctx context.Context, cfg config) error {
@@ -202,4 +209,34 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// render rewrites the report and the charts from a results.json that an
+// earlier run wrote, linking each scenario to its spec by name again.
+func render(cfg config) error {
+	path := filepath.Join(cfg.results, "results.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	var s suite
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	for i := range s.Scenarios {
+		spec, err := scenario.Lookup(s.Scenarios[i].Name)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		s.Scenarios[i].spec = spec
+	}
+	charts, err := drawCharts(s, cfg.results)
+	if err != nil {
+		return fmt.Errorf("charts: %w", err)
+	}
+	if err := writeReport(cfg.report, s, charts, cfg.results); err != nil {
+		return err
+	}
+	logf("rendered %s and %d charts from %s", cfg.report, len(charts), path)
+	return nil
 }
