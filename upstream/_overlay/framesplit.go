@@ -48,6 +48,7 @@ type frameSplitter struct {
 	parser reader
 
 	counts *ioCounters // the connection's Stats counters, or nil
+	frames uint64      // frames returned and not yet added to counts
 }
 
 func newFrameSplitter(maxFrame *atomic.Uint32) *frameSplitter {
@@ -88,6 +89,7 @@ func (s *frameSplitter) limit() int {
 func (s *frameSplitter) next() ([]byte, error) {
 	avail := s.buf[s.start:s.end]
 	if len(avail) < 7 {
+		s.countFrames()
 		return nil, nil
 	}
 	typ, size := avail[0], binary.BigEndian.Uint32(avail[3:7])
@@ -105,16 +107,25 @@ func (s *frameSplitter) next() ([]byte, error) {
 	}
 	total := int(size) + frameHeaderSize
 	if len(avail) < total {
+		s.countFrames()
 		return nil, nil
 	}
 	if end := avail[total-1]; end != frameEnd {
 		return nil, &frameError{fmt.Sprintf("frame-end octet is %#x, want %#x", end, frameEnd), ErrFrame}
 	}
 	s.start += total
-	if s.counts != nil {
-		s.counts.framesIn.Add(1)
-	}
+	s.frames++
 	return avail[:total:total], nil
+}
+
+// countFrames adds the frames returned since the last call to the
+// connection's counters: once per batch (when the buffer holds no whole
+// frame more), not once per frame, on the read loop.
+func (s *frameSplitter) countFrames() {
+	if s.counts != nil && s.frames > 0 {
+		s.counts.framesIn.Add(s.frames)
+		s.frames = 0
+	}
 }
 
 // need is how many bytes the buffer must hold for the frame being read to
