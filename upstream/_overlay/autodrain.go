@@ -12,7 +12,7 @@ import (
 
 // autoDrainWait bounds each DrainEvents call of the auto-drain loop: one
 // wake-up per wait while idle. A write does not wait for it: it cuts the
-// loop's read short (lockedWriter.lock in legacy.go).
+// loop's read short (transportGuard.lock in legacy.go).
 const autoDrainWait = 50 * time.Millisecond
 
 // autoDrain is LegacyOptions.AutoDrain: the drain loop of one generation,

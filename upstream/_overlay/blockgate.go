@@ -78,36 +78,3 @@ func (b *blockGate) trackBlocks(f frame) {
 		b.unblock()
 	}
 }
-
-// publishCtx and publishDeferredCtx are the hooks in PublishWithContext and
-// PublishWithDeferredConfirmWithContext, after their own ctx check: they
-// wait at the read path's gate, if there is one, then publish, through the
-// fast path of publish.go with a read path and as upstream without.
-func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) error {
-	if err := ch.connection.publishWait(ctx); err != nil {
-		return err
-	}
-	if ch.connection.rp != nil {
-		_, err := ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
-		return err
-	}
-	return ch.Publish(exchange, key, mandatory, immediate, msg)
-}
-
-func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
-	if err := ch.connection.publishWait(ctx); err != nil {
-		return nil, err
-	}
-	if ch.connection.rp != nil {
-		return ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
-	}
-	return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
-}
-
-// publishWait does nothing without a read path.
-func (c *Connection) publishWait(ctx context.Context) error {
-	if c.rp == nil {
-		return nil
-	}
-	return c.rp.publishGate().wait(ctx)
-}

@@ -31,8 +31,8 @@ type deliveryAcct struct {
 func (c *Connection) makeConsumers(id uint16) *consumers {
 	subs := makeConsumers()
 	if c != nil && c.rp != nil {
-		if b := c.rp.deliveryBudget(); b != nil {
-			subs.acct = &deliveryAcct{budget: b, buffers: c.rp.consumerBuffers(), channel: id, obs: c.rp.observer()}
+		if rb := c.rp.base(); rb.deliveries != nil {
+			subs.acct = &deliveryAcct{budget: rb.deliveries, buffers: &rb.buffers, channel: id, obs: rb.obs}
 		}
 	}
 	return subs

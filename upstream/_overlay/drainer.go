@@ -12,7 +12,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,26 +46,11 @@ import (
 //  6. Close is bounded: if the broker does not answer close-ok within
 //     DrainerOptions.CloseTimeout, the socket is closed, which also frees a
 //     publisher blocked in a write.
-
-// ErrClosedIntentionally is returned to goroutines that were waiting on a
-// connection (an RPC, DrainEvents) when the application closed it with
-// Close. errors.Is(err, ErrClosed) is true for it, and it is not
-// Recoverable, so neither automatic recovery nor a retry loop that checks
-// Recoverable reconnects after a deliberate shutdown. Only the drainer mode
-// returns it.
-var ErrClosedIntentionally error = closedIntentionally{}
-
-type closedIntentionally struct{}
-
-func (closedIntentionally) Error() string {
-	return "amqp: connection closed intentionally by the application"
-}
-
-// Unwrap makes errors.Is(err, ErrClosed) hold.
-func (closedIntentionally) Unwrap() error { return ErrClosed }
-
-// Recoverable is always false: a deliberate close must not be retried.
-func (closedIntentionally) Recoverable() bool { return false }
+//
+// What it shares with legacy mode (the generation's start and end, the
+// socket writer, the channel-frame path, the heartbeat arithmetic) is in
+// readconn.go; this file holds only what is the drainer's own: the loop,
+// its heartbeat duty, the budget's pause, and how waiters wait.
 
 // DrainerOptions tune the dedicated-drainer read mode. The zero value is
 // ready to use.
@@ -129,18 +113,8 @@ type DrainerOptions struct {
 	Observer *Observer
 }
 
-const (
-	defaultDrainerBudget       = 64 << 20
-	defaultDrainerCloseTimeout = 5 * time.Second
-	// connRPCCap buffers channel-0 replies so the drainer never waits for
-	// the caller of Connection.call to pick one up.
-	connRPCCap = 8
-	// chanRPCCap buffers channel replies for the same reason.
-	chanRPCCap = 8
-	// frameCost is what one queued frame or notification is charged on top
-	// of its payload: its bookkeeping, roughly.
-	frameCost = 64
-)
+// defaultDrainerBudget is DrainerOptions.Budget when it is zero.
+const defaultDrainerBudget = 64 << 20
 
 // Drainer returns the ReadPath of the dedicated-drainer mode; set it as
 // Config.ReadPath.
@@ -149,7 +123,7 @@ func Drainer(opts DrainerOptions) ReadPath {
 		opts.Budget = defaultDrainerBudget
 	}
 	if opts.CloseTimeout <= 0 {
-		opts.CloseTimeout = defaultDrainerCloseTimeout
+		opts.CloseTimeout = defaultCloseTimeout
 	}
 	return drainerMode{opts}
 }
@@ -160,16 +134,11 @@ func (drainerMode) Mode() string { return "drainer" }
 
 func (m drainerMode) attach(c *Connection) readPath {
 	d := &drainConn{
-		c:           c,
 		opts:        m.opts,
 		budget:      newBudget(m.opts.Budget, m.opts.Budget/2),
-		closeIntent: newCloseIntent(),
 		dispatchers: map[*Channel]*chanDispatcher{},
 	}
-	d.obs = m.opts.Observer
-	if d.obs != nil {
-		d.io.settled = d.obs.Settled
-	}
+	d.init(c, "drainer", m.opts.Observer, d.budget)
 	d.watch = newWatcher(m.opts, d.budget)
 	d.buffers.watch = d.watch
 	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
@@ -178,7 +147,7 @@ func (m drainerMode) attach(c *Connection) readPath {
 
 // drainConn is the drainer read path of one Connection, across generations.
 type drainConn struct {
-	c      *Connection
+	readBase
 	opts   DrainerOptions
 	budget *budget
 	// connOut hands connection.blocked/unblocked over in order; jobs and
@@ -188,47 +157,27 @@ type drainConn struct {
 	jobs    workCount // jobs queued for channel dispatchers
 	work    workCount // items queued in outboxes
 
-	closeIntent // Close was called: waiters get ErrClosedIntentionally
-	blocks      blockGate
-
 	mu          sync.Mutex
 	gen         *drainGen
 	dispatchers map[*Channel]*chanDispatcher
 	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
-	pub         publishOut   // the generation's socket writer, under c.sendM (publish.go)
 
-	io        ioCounters    // bytes and frames, for Stats
-	buffers   bufferSet     // consumer buffers, for Stats
-	clocks    clockSet      // confirm clocks, for ConfirmInfo.Latency
 	watch     *watcher      // warnings and the stall policy (watch.go), nil without them
-	obs       *Observer     // DrainerOptions.Observer
-	gens      atomic.Int32  // generations opened, for ConnectionRecovered
 	pausedFor ListenerStats // the biggest holder when reading paused (drainer goroutine only)
 }
 
 // drainGen is one connection generation: one socket, one drainer goroutine.
 type drainGen struct {
-	conn io.ReadWriteCloser
-	rpc  chan message // the generation's c.rpc
+	readGen
+	done chan struct{} // closed when the drainer goroutine has returned
 
-	genEnd               // how the generation ends
-	done   chan struct{} // closed when the drainer goroutine has returned
-
-	interval  atomic.Int64  // heartbeat interval in ns, 0 until tune (or none)
+	interval  atomic.Int64  // heartbeat send interval in ns, 0 until tune (or none)
 	sent      atomic.Uint64 // bytes written to the socket by anyone
 	lastBeat  uint64        // sent at the previous heartbeat check
 	beatReady chan struct{} // closed when the heartbeat interval is known
 
 	activity activity // wakes DrainEvents after frames are dispatched
 }
-
-func (d *drainConn) mode() string { return "drainer" }
-
-func (d *drainConn) rpcCap() int { return chanRPCCap }
-
-func (d *drainConn) deliveryBudget() *budget { return d.budget }
-
-func (d *drainConn) confirmWaiter() confirmPump { return nil }
 
 func (d *drainConn) current() *drainGen {
 	d.mu.Lock()
@@ -240,9 +189,7 @@ func (d *drainConn) current() *drainGen {
 // so that no two generations ever read one connection.
 func (d *drainConn) start(conn io.ReadWriteCloser) {
 	g := &drainGen{
-		conn:      conn,
-		rpc:       make(chan message, connRPCCap),
-		genEnd:    newGenEnd(),
+		readGen:   newReadGen(conn),
 		done:      make(chan struct{}),
 		beatReady: make(chan struct{}),
 	}
@@ -251,49 +198,13 @@ func (d *drainConn) start(conn io.ReadWriteCloser) {
 	d.gen = g
 	d.blocks.unblock() // a new socket, which the broker has not blocked
 	d.mu.Unlock()
-
-	// Count every byte written, so the heartbeat knows whether anything
-	// else went out during an interval without taking the write lock.
-	d.c.sendM.Lock()
-	d.io.restart()
-	cw := &countingWriter{w: conn, n: &g.sent, end: &g.genEnd, counts: &d.io}
-	d.pub.buf, d.pub.out = bufio.NewWriter(cw), cw
-	d.c.writer = &writer{d.pub.buf}
-	d.c.sendM.Unlock()
-	d.c.m.Lock()
-	d.c.rpc = g.rpc
-	d.c.m.Unlock()
-
+	// Every byte written is counted, so that the heartbeat knows whether
+	// anything else went out during an interval without taking the write
+	// lock.
+	d.install(&g.readGen, &socketWriter{conn: conn, end: &g.genEnd, counts: &d.io,
+		sent: func(n int64) { g.sent.Add(uint64(n)) }})
 	go g.run(d, prev)
 }
-
-// countingWriter counts the bytes its writer accepted, and reports a
-// write that failed because the generation ended by why it ended.
-type countingWriter struct {
-	w      io.Writer
-	n      *atomic.Uint64
-	end    *genEnd
-	counts *ioCounters // the connection's, for Stats
-}
-
-func (cw *countingWriter) Write(p []byte) (int, error) {
-	n, err := cw.w.Write(p)
-	cw.n.Add(uint64(n))
-	cw.counts.wrote(p[:n])
-	return n, cw.end.explain(err)
-}
-
-// writeVectors is Write for a publish's buffers (publish.go): one writev
-// on a TCP or Unix socket, a Write per buffer on other writers.
-func (cw *countingWriter) writeVectors(v *net.Buffers) (int64, error) {
-	cw.counts.writingVectors(*v)
-	n, err := v.WriteTo(cw.w)
-	cw.n.Add(uint64(n))
-	cw.counts.wroteBytes(n)
-	return n, cw.end.explain(err)
-}
-
-func (d *drainConn) publishOut() *publishOut { return &d.pub }
 
 // heartbeater takes over heartbeats when the socket supports read
 // deadlines, which the drainer uses as its timer. Transports without them
@@ -308,153 +219,133 @@ func (d *drainConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	return true
 }
 
-// fail ends the generation because of err: waiters are released first,
-// then the socket is closed (freeing writers), then upstream's teardown
-// runs. It runs on the drainer goroutine, which has nothing left to read.
-func (d *drainConn) fail(g *drainGen, err *Error) {
-	// Waiters released below may look at IsClosed at once: it must be true.
-	d.c.closed.Store(true)
-	if !g.setDead(err) {
-		return // Close or another failure got there first
-	}
-	_ = g.conn.Close()
-	d.c.shutdown(err)
-}
-
-// run is the drainer loop of one generation.
+// run is the drainer goroutine of one generation. It starts once the
+// previous generation's has returned, reads until the generation ends, and
+// is the one place where the end of reading fails the connection.
 func (g *drainGen) run(d *drainConn, prev *drainGen) {
 	defer close(g.done)
 	if prev != nil {
 		<-prev.done
 	}
+	if err := g.loop(d); err != nil {
+		d.fail(&g.readGen, err)
+	}
+}
+
+// loop reads and routes frames until reading must end. It returns the
+// error to fail the connection with, or nil when reading simply stops:
+// connection.close was routed (its close-ok and the teardown run off the
+// drainer), or the generation was ended on purpose (Close, the watchdog, a
+// failed write) and the read saw the socket closed.
+func (g *drainGen) loop(d *drainConn) *Error {
 	split := newFrameSplitter(&d.c.maxFrameSize)
 	split.counts = &d.io
 	cr := &contentReader{budget: d.budget}
 	defer cr.release() // content cut short by the generation's end
 	deadliner, _ := g.conn.(net.Conn)
 	lastRecv := time.Now()
-	// beatAt is when a heartbeat was last due; the next falls due half an
-	// interval later if a frame wakes us anyway, or one and a half
-	// intervals later at the latest (see beatWindow).
-	var beatAt time.Time
+	// dutyAt is when the heartbeat duty was last done (see
+	// heartbeatClock.window and piggyback); zero until heartbeats start.
+	var dutyAt time.Time
 
 	for {
-		for {
-			raw, err := split.next()
-			if err != nil {
-				d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-				return
-			}
-			if raw == nil {
-				break
-			}
-			if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
-				if stop := d.routeChannel(g, split, cr, channel, raw); stop {
-					return
-				}
-				continue
-			}
-			f, err := split.parse(raw)
-			if err != nil {
-				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
-				return
-			}
-			// Counted before routing: a caller woken by this frame (a reply)
-			// must not take it for progress made after its DrainEvents began.
-			g.activity.frames.Add(1)
-			if stop := d.route(g, f); stop {
-				return
-			}
+		if stop, err := d.routeBuffered(g, split, cr); stop {
+			return err
 		}
 		g.activity.wake()
 
-		interval := g.beatInterval()
+		hb := g.clock()
 		if over, below := d.budget.over(); over {
-			if !g.pause(d, below, interval) {
-				return
+			if resumed, err := g.pause(d, below, hb.interval); !resumed {
+				return err
 			}
 			lastRecv = time.Now() // a pause we chose is not a silent broker
 		}
-		if interval > 0 && deadliner != nil {
-			if beatAt.IsZero() {
-				beatAt = time.Now()
+		if hb.interval > 0 && deadliner != nil {
+			if dutyAt.IsZero() {
+				dutyAt = time.Now()
 			}
-			deadline := lastRecv.Add(3 * interval)
-			if latest := beatAt.Add(beatWindow(interval)); latest.Before(deadline) {
-				deadline = latest
-			}
-			_ = deadliner.SetReadDeadline(deadline)
+			_ = deadliner.SetReadDeadline(hb.readDeadline(lastRecv, dutyAt))
 		}
 
 		n, err := split.fill(g.conn)
 		if n > 0 {
 			lastRecv = time.Now()
-			// Awake for the broker's frame anyway: do the heartbeat duty
-			// now if half an interval has passed, rather than wake again
-			// for it. Idle, the broker's own heartbeats (one per interval)
-			// then carry ours, and the deadline never fires: one wake-up
-			// per interval instead of two.
-			if interval > 0 && !beatAt.IsZero() && lastRecv.Sub(beatAt) >= interval/2 {
-				if err := g.beat(d, interval); err != nil {
-					d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-					return
+			if hb.interval > 0 && hb.piggyback(dutyAt, lastRecv) {
+				if err := g.beat(d, hb.interval); err != nil {
+					return err
 				}
-				beatAt = lastRecv
+				dutyAt = lastRecv
 			}
 		}
-		if err == nil {
-			continue
-		}
-		if interval > 0 && errors.Is(err, errDeadline) {
+		switch {
+		case err == nil:
+		case hb.interval > 0 && errors.Is(err, errDeadline):
 			now := time.Now()
-			if silent := now.Sub(lastRecv); silent >= 3*interval {
-				d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf(
-					"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
-					silent.Round(time.Millisecond), 2*interval)})
-				return
+			if err := hb.timeout(lastRecv, now); err != nil {
+				return err
 			}
-			if now.Sub(beatAt) >= beatWindow(interval) {
-				if err := g.beat(d, interval); err != nil {
-					d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-					return
+			if hb.dutyDue(dutyAt, now) {
+				if err := g.beat(d, hb.interval); err != nil {
+					return err
 				}
-				beatAt = now
+				dutyAt = now
 			}
-			continue
-		}
-		select {
-		case <-g.dead:
-			return // closed on purpose: Close, a watchdog, or a write error
+		case g.isDead():
+			return nil // closed on purpose: Close, a watchdog, or a write error
 		default:
+			return &Error{Code: FrameError, Reason: err.Error()}
 		}
-		d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-		return
 	}
 }
 
-// beatWindow is the longest the drainer lets pass between heartbeat
-// duties when no frame wakes it: one and a half send intervals (half the
-// negotiated heartbeat each), so that the broker's frames, which arrive
-// once per interval, usually carry the duty first, and still well inside
-// the two heartbeats after which the broker gives up on us.
-func beatWindow(interval time.Duration) time.Duration { return interval + interval/2 }
+// routeBuffered routes every complete frame in split's buffer. It reports
+// stop when reading must end, with the error to fail the connection with,
+// if any (see loop).
+func (d *drainConn) routeBuffered(g *drainGen, split *frameSplitter, cr *contentReader) (stop bool, err *Error) {
+	for {
+		raw, err := split.next()
+		if err != nil {
+			return true, &Error{Code: FrameError, Reason: err.Error()}
+		}
+		if raw == nil {
+			return false, nil
+		}
+		if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
+			if err := d.routeChannel(g, split, cr, channel, raw); err != nil {
+				return true, err
+			}
+			continue
+		}
+		f, err := split.parse(raw)
+		if err != nil {
+			return true, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
+		}
+		// Counted before routing: a caller woken by this frame (a reply)
+		// must not take it for progress made after its DrainEvents began.
+		g.activity.frames.Add(1)
+		if stop, err := d.route(g, f); stop {
+			return true, err
+		}
+	}
+}
 
-// errDeadline matches a read or write that ended at its deadline.
-var errDeadline = os.ErrDeadlineExceeded
-
-func (g *drainGen) beatInterval() time.Duration {
+// clock is the generation's heartbeat clock: a zero interval until tune
+// has set one.
+func (g *drainGen) clock() heartbeatClock {
 	select {
 	case <-g.beatReady:
-		return time.Duration(g.interval.Load())
+		return heartbeatClock{time.Duration(g.interval.Load())}
 	default:
-		return 0
+		return heartbeatClock{}
 	}
 }
 
 // pause waits, without reading, until users have taken enough of what is
 // queued, sending heartbeats meanwhile. It reports false if the generation
-// ended while paused.
-func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Duration) bool {
+// ended while paused, with the error to fail the connection with if a
+// heartbeat could not be written.
+func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Duration) (resumed bool, err *Error) {
 	d.pauseBegan()
 	defer d.pauseEnded()
 	var tick <-chan time.Time
@@ -466,13 +357,12 @@ func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Dura
 	for {
 		select {
 		case <-below:
-			return true
+			return true, nil
 		case <-g.dead:
-			return false
+			return false, nil
 		case <-tick:
 			if err := g.beat(d, interval); err != nil {
-				d.fail(g, &Error{Code: FrameError, Reason: err.Error()})
-				return false
+				return false, err
 			}
 		}
 	}
@@ -487,7 +377,7 @@ var heartbeatBytes = []byte{frameHeartbeat, 0, 0, 0, 0, 0, 0, frameEnd}
 // socket, bounded by a write deadline, so that a broker that stopped
 // reading costs at most one interval and never corrupts the buffered
 // writer's state.
-func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
+func (g *drainGen) beat(d *drainConn, interval time.Duration) *Error {
 	if sent := g.sent.Load(); sent != g.lastBeat {
 		g.lastBeat = sent
 		return nil
@@ -516,11 +406,11 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) error {
 	case n == 0 && errors.Is(err, errDeadline):
 		return nil // the broker is not reading: nothing was written, try later
 	default:
-		return fmt.Errorf("writing a heartbeat: %w", err)
+		return &Error{Code: FrameError, Reason: fmt.Sprintf("writing a heartbeat: %v", err)}
 	}
 }
 
-// connCall waits for a channel-0 reply, or for the generation to end.
+// connWait waits for a channel-0 reply, or for the generation to end.
 // Channel-0 replies are queued by the drainer itself, in frame order, so
 // one that came before the end is in rpc by the time the end is seen.
 func (d *drainConn) connWait(_ chan *Error, rpc chan message, res []message) error {
@@ -549,7 +439,7 @@ func (d *drainConn) connWait(_ chan *Error, rpc chan message, res []message) err
 	}
 }
 
-// chanCall waits for a channel reply, a channel error, or the end of the
+// chanWait waits for a channel reply, a channel error, or the end of the
 // generation. Every waiter released by a connection error gets that error,
 // unless its reply came before the end: upstream's reader hands a reply
 // over before it reads the next frame, so the caller gets the reply (see
@@ -597,7 +487,7 @@ func (d *drainConn) chanWait(ch *Channel, errs chan *Error, rpc chan message, re
 // goroutine: the teardown waits for dispatchers (bounded.go).
 func (d *drainConn) abandon(err *Error) {
 	if g := d.current(); g != nil {
-		go d.fail(g, err)
+		go d.fail(&g.readGen, err)
 	}
 }
 
@@ -639,9 +529,9 @@ func (d *drainConn) replyBefore(g *drainGen, rpc chan message) message {
 // are on (it may already have been in that read when the deadline went).
 func (d *drainConn) opened() {
 	g := d.current()
-	observeOpened(d.obs, "drainer", d.gens.Add(1))
+	d.countOpened()
 	if nc, ok := g.conn.(net.Conn); ok {
-		if interval := g.beatInterval(); interval > 0 {
+		if interval := g.clock().interval; interval > 0 {
 			_ = nc.SetReadDeadline(time.Now().Add(interval))
 		}
 	}
@@ -654,24 +544,14 @@ func (d *drainConn) closing() {
 	d.begin(d.opts.CloseTimeout, &g.genEnd, g.conn)
 }
 
-// shutdown runs first in Connection.shutdown: it records why, releases
-// every waiter, and closes the socket before upstream takes any lock, so a
-// publisher blocked in a write (holding ch.m and sendM) is freed and the
-// teardown that follows cannot deadlock on it.
+// shutdown is endGen, which lets the notifications of frames read before
+// the end reach their listeners (flush) once the socket is closed.
 func (d *drainConn) shutdown(err *Error) {
-	d.blocks.unblock() // held publishes go on, and fail as upstream's
-	if err == nil {
-		d.stopWatchdog()
+	var g *readGen
+	if cur := d.current(); cur != nil {
+		g = &cur.readGen
 	}
-	g := d.current()
-	if g == nil {
-		return
-	}
-	d.c.closed.Store(true) // as upstream's first statement, before waiters wake
-	g.setDead(err)
-	_ = g.conn.Close()
-	d.flush()
-	observeEnd(d.obs, "drainer", &g.genEnd, err)
+	d.endGen(g, err, d.flush)
 }
 
 // flush lets the notifications of frames read before the end reach their
@@ -700,8 +580,6 @@ func (d *drainConn) flush() {
 }
 
 // drainEvents is DrainEvents in drainer mode.
-func (d *drainConn) publishGate() *blockGate { return &d.blocks }
-
 func (d *drainConn) drainEvents(ctx context.Context) error {
 	g := d.current()
 	if g == nil {

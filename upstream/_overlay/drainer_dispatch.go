@@ -39,17 +39,9 @@ type serialQueue struct {
 	// work, when set, counts queued jobs for a shutdown to wait on.
 	work *workCount
 
-	mu      sync.Mutex
-	jobs    []queuedJob // jobs[head:] are queued
-	head    int
-	running bool
+	mu   sync.Mutex
+	jobs runQueue[queuedJob]
 }
-
-// keepJobs is the capacity up to which an emptied queue keeps its slice
-// for the next burst: the drainer queues a job per frame, and reallocating
-// per burst costs more than the frames' own parsing. Bigger slices, left by
-// a burst the budget allowed, are dropped so they do not stay pinned.
-const keepJobs = 1024
 
 // queuedJob is a function to run, or what the queue's handleJob takes:
 // a method frame, a complete content message, or a delivery. The drainer
@@ -74,19 +66,7 @@ func (q *serialQueue) pushJob(job queuedJob) {
 		q.work.add(1)
 	}
 	q.mu.Lock()
-	if len(q.jobs) == cap(q.jobs) && q.head >= len(q.jobs)/2 {
-		// Full, and at least half of it already run: slide the queued
-		// jobs down rather than grow, so that a queue that never empties
-		// does not keep every job it ever ran.
-		n := copy(q.jobs, q.jobs[q.head:])
-		for i := n; i < len(q.jobs); i++ {
-			q.jobs[i] = queuedJob{} // upstream's go.mod predates clear
-		}
-		q.jobs, q.head = q.jobs[:n], 0
-	}
-	q.jobs = append(q.jobs, job)
-	start := !q.running
-	q.running = true
+	start := q.jobs.put(job)
 	q.mu.Unlock()
 	if start {
 		go q.loop()
@@ -118,22 +98,14 @@ func (q *serialQueue) pop() (queuedJob, bool) {
 	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if q.head == len(q.jobs) {
-		q.head = 0
-		if cap(q.jobs) > keepJobs {
-			q.jobs = nil
-		} else {
-			q.jobs = q.jobs[:0]
-		}
-		q.running = false
+	job, ok := q.jobs.front()
+	if !ok {
 		if q.retired != nil {
 			q.retired()
 		}
 		return queuedJob{}, false
 	}
-	job := q.jobs[q.head]
-	q.jobs[q.head] = queuedJob{}
-	q.head++
+	q.jobs.drop()
 	return job, true
 }
 
@@ -148,26 +120,19 @@ type chanDispatcher struct {
 	ch  *Channel
 }
 
-type assemblyState int
-
-const (
-	awaitMethod assemblyState = iota
-	awaitHeader
-	awaitContent
-)
-
-// route hands one frame on. It reports true when the drainer must stop
-// reading: after connection.close, or after it failed the connection.
-func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
+// route hands one frame of channel 0 on. It reports stop when the drainer
+// must stop reading: after connection.close, or with the error to fail the
+// connection with.
+func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
 	c := d.c
 	mf, ok := f.(*methodFrame)
 	if !ok {
 		if _, beat := f.(*heartbeatFrame); beat {
-			return false
+			return false, nil
 		}
 		// Channel 0 carries only methods and heartbeats (spec 4.2.3).
 		d.conn0Work(func() { d.protocolClose(ErrUnexpectedFrame) })
-		return false
+		return false, nil
 	}
 	switch m := mf.Method.(type) {
 	case *connectionClose:
@@ -181,7 +146,7 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 			}
 			c.shutdown(err)
 		})
-		return true
+		return true, nil
 	case *connectionBlocked:
 		d.blocks.block()
 		d.notifyBlocks(Blocking{Active: true, Reason: m.Reason})
@@ -192,12 +157,11 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool) {
 		select {
 		case g.rpc <- m:
 		default:
-			d.fail(g, &Error{Code: UnexpectedFrame, Reason: fmt.Sprintf(
-				"unexpected %T on channel 0: %d replies already wait for a caller", m, connRPCCap)})
-			return true
+			return true, &Error{Code: UnexpectedFrame, Reason: fmt.Sprintf(
+				"unexpected %T on channel 0: %d replies already wait for a caller", m, connRPCCap)}
 		}
 	}
-	return false
+	return false, nil
 }
 
 // dispatchClosed is upstream's Connection.dispatchClosed for a frame on a
@@ -241,53 +205,31 @@ func (d *drainConn) conn0Work(job func()) {
 	q.push(frameCost, job)
 }
 
-// routeChannel decodes and hands on one frame of channel id ≠ 0: content
-// is assembled here, and methods and complete messages are queued for the
-// channel's dispatcher. It reports true when the drainer must stop reading
-// (it failed the connection).
-func (d *drainConn) routeChannel(g *drainGen, split *frameSplitter, cr *contentReader, id uint16, raw []byte) (stop bool) {
-	cf, err := cr.decode(split, raw)
+// routeChannel hands on one frame of channel id ≠ 0 (channelFrame):
+// methods and complete messages are queued for the channel's dispatcher.
+// It returns the error to fail the connection with, if any.
+func (d *drainConn) routeChannel(g *drainGen, split *frameSplitter, cr *contentReader, id uint16, raw []byte) *Error {
+	step, err := cr.channelFrame(d.c, split, id, raw)
 	if err != nil {
-		d.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
-		return true
+		return err
 	}
 	// Counted before routing: a caller woken by this frame (a reply) must
 	// not take it for progress made after its DrainEvents began.
 	g.activity.frames.Add(1)
-	c := d.c
-	c.m.Lock()
-	ch, ok := c.channels[id]
-	if ok && cf.f != nil {
-		updateChannel(cf.f, ch)
-	}
-	c.m.Unlock()
-	if !ok {
-		if raw[0] == frameMethod {
-			// Upstream answers channel.close, ignores close-ok and
-			// closes the connection on any other method; content is
-			// dropped.
-			f := cf.upstreamFrame(split, raw)
-			d.conn0Work(func() { d.dispatchClosed(f) })
-		}
-		return false
-	}
-	a := cr.asm(id, ch)
-	complete, method := cr.feed(a, &cf, c.maxFrameSize.Load())
 	switch {
-	case method != nil:
-		d.dispatch(ch, queuedJob{f: method, cost: frameCost})
-	case complete:
-		del, msg := a.complete()
-		var size int
-		if del != nil {
-			size = len(del.Body)
-		} else {
-			_, body := msg.getContent()
-			size = len(body)
-		}
-		d.dispatch(ch, queuedJob{del: del, msg: msg, cost: frameCost + int64(size)})
+	case step.closed != nil:
+		// Upstream answers channel.close, ignores close-ok and closes the
+		// connection on any other method; content was dropped.
+		d.conn0Work(func() { d.dispatchClosed(step.closed) })
+	case step.method != nil:
+		d.dispatch(step.ch, queuedJob{f: step.method, cost: frameCost})
+	case step.del != nil:
+		d.dispatch(step.ch, queuedJob{del: step.del, cost: frameCost + int64(len(step.del.Body))})
+	case step.msg != nil:
+		_, body := step.msg.getContent()
+		d.dispatch(step.ch, queuedJob{msg: step.msg, cost: frameCost + int64(len(body))})
 	}
-	return false
+	return nil
 }
 
 // dispatch queues a job for the channel's dispatcher.
@@ -336,7 +278,7 @@ func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
 func (q *serialQueue) queueRunning() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.running
+	return q.jobs.running
 }
 
 // handle dispatches one method or complete message.

@@ -230,6 +230,16 @@ func (c *strCache) get(b []byte) string {
 	return c.s
 }
 
+// assemblyState is where a channel's content assembly stands, as in
+// upstream's channel state machine (recvMethod, recvHeader, recvContent).
+type assemblyState int
+
+const (
+	awaitMethod assemblyState = iota
+	awaitHeader
+	awaitContent
+)
+
 // contentAsm is one channel's content assembly, owned by the goroutine
 // that reads frames: the drainer, or legacy mode's turn holder.
 type contentAsm struct {
@@ -240,12 +250,8 @@ type contentAsm struct {
 	// fast path (deliver, with fast set), or any other content method as
 	// upstream's reader parsed it (msg).
 	fast    bool
-	deliver struct {
-		consumerTag, exchange, routingKey string
-		deliveryTag                       uint64
-		redelivered                       bool
-	}
-	msg messageWithContent
+	deliver deliverArgs
+	msg     messageWithContent
 
 	props properties
 	size  uint64
@@ -258,6 +264,14 @@ type contentAsm struct {
 	// Values that repeat between messages on a channel.
 	tag, exchange, key strCache
 	props1             [propStrings]strCache
+}
+
+// deliverArgs are the arguments of a basic.deliver from the fast path,
+// with its strings taken from the channel's caches.
+type deliverArgs struct {
+	consumerTag, exchange, routingKey string
+	deliveryTag                       uint64
+	redelivered                       bool
 }
 
 // Which shortstr properties repeat enough to be worth a cache: the
@@ -423,11 +437,7 @@ func (a *contentAsm) complete() (*Delivery, messageWithContent) {
 }
 
 // newFastDelivery is newDelivery for a basic.deliver of the fast path.
-func newFastDelivery(ch *Channel, m *struct {
-	consumerTag, exchange, routingKey string
-	deliveryTag                       uint64
-	redelivered                       bool
-}, props *properties, body []byte) *Delivery {
+func newFastDelivery(ch *Channel, m *deliverArgs, props *properties, body []byte) *Delivery {
 	return &Delivery{
 		Acknowledger: ch,
 

@@ -4,7 +4,6 @@
 package amqp091
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -35,7 +34,7 @@ import (
 //  4. Writes, publishes included, take the transport lock: a publish waits
 //     while another goroutine sits in a blocking read (with AutoDrain, a
 //     write cuts such a read short instead, and the read resumes after
-//     it: see lockedWriter.lock). (On a transport
+//     it: see transportGuard.lock). (On a transport
 //     without read deadlines, such as io.Pipe, reads cannot be cut short,
 //     so there the lock covers writes only, and a read ignores ctx until
 //     bytes arrive.)
@@ -46,6 +45,11 @@ import (
 //  7. DeferredConfirmation.Wait and WaitContext pump frames themselves.
 //  8. A read error shuts the connection down; every waiter finds out on its
 //     next turn.
+//
+// What it shares with the drainer (the generation's start and end, the
+// socket writer, the channel-frame path, the heartbeat arithmetic) is in
+// readconn.go; this file holds only what is legacy's own: the turn, the
+// transport lock, and reading on the caller's goroutine.
 
 // LegacyOptions tune legacy mode. The zero value is ready to use.
 type LegacyOptions struct {
@@ -80,7 +84,7 @@ type LegacyOptions struct {
 // as Config.ReadPath.
 func Legacy(opts LegacyOptions) ReadPath {
 	if opts.CloseTimeout <= 0 {
-		opts.CloseTimeout = defaultDrainerCloseTimeout
+		opts.CloseTimeout = defaultCloseTimeout
 	}
 	return legacyMode{opts}
 }
@@ -101,25 +105,22 @@ func legacyModeName(opts LegacyOptions) string {
 
 func (m legacyMode) attach(c *Connection) readPath {
 	l := &legacyConn{
-		c:           c,
-		opts:        m.opts,
-		turn:        make(chan struct{}, 1),
-		closeIntent: newCloseIntent(),
+		opts: m.opts,
+		turn: make(chan struct{}, 1),
 	}
-	l.confirmPump = l.waitConfirm
-	l.obs = m.opts.Observer
-	if l.obs != nil {
-		l.io.settled = l.obs.Settled
-	}
-	// Counted for Stats, never paused on: in legacy mode the caller
-	// reads, and a caller that stops reading stops the reading anyway.
-	l.counts = newBudget(math.MaxInt64, math.MaxInt64)
+	// Deliveries are counted for Stats, never paused on: in legacy mode
+	// the caller reads, and a caller that stops reading stops the reading
+	// anyway.
+	l.init(c, legacyModeName(m.opts), m.opts.Observer, newBudget(math.MaxInt64, math.MaxInt64))
+	// A method value allocates, and every publish in confirm mode hands
+	// the pump out: made once.
+	l.confirmWait = l.waitConfirm
 	return l
 }
 
 // legacyConn is the legacy read path of one Connection.
 type legacyConn struct {
-	c    *Connection
+	readBase
 	opts LegacyOptions
 
 	// turn is held (a value sent into it) by the goroutine that reads and
@@ -128,37 +129,20 @@ type legacyConn struct {
 	// transport is held across every socket read and write.
 	transport sync.Mutex
 	// writers counts writers waiting for the transport lock, which a
-	// reader holding it gives up to them (lockedWriter.lock).
+	// reader holding it gives up to them (transportGuard.lock).
 	writers atomic.Int32
 	// urgent counts stand-ins writing (standInSend): while one does, every
 	// write cuts a read short as with AutoDrain.
 	urgent atomic.Int32
 
-	closeIntent // Close was called: waiters get ErrClosedIntentionally
-	blocks      blockGate
-
 	mu  sync.Mutex
 	gen *legacyGen
-
-	pub publishOut // the generation's socket writer, under c.sendM (publish.go)
-
-	// confirmPump is l.waitConfirm, made once: a method value allocates,
-	// and every publish in confirm mode hands one out.
-	confirmPump confirmPump
-
-	io      ioCounters   // bytes and frames, for Stats
-	buffers bufferSet    // consumer buffers, for Stats
-	clocks  clockSet     // confirm clocks, for ConfirmInfo.Latency
-	counts  *budget      // deliveries waiting in consumer buffers: counted, never paused on
-	obs     *Observer    // LegacyOptions.Observer
-	gens    atomic.Int32 // generations opened, for ConnectionRecovered
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
 // holder of the turn.
 type legacyGen struct {
-	conn     io.ReadWriteCloser
-	rpc      chan message
+	readGen
 	split    *frameSplitter
 	content  contentReader // the turn holder's content assembly
 	stateM   sync.Mutex    // guards interval to opened, never held across I/O
@@ -172,16 +156,9 @@ type legacyGen struct {
 	// out cancelHookDelay, so reads hook at once until one ends within
 	// it. Only the transport lock's holder touches it.
 	hookFirst bool
-
-	genEnd // how the generation ends
 }
 
-func (l *legacyConn) mode() string                          { return legacyModeName(l.opts) }
-func (l *legacyConn) rpcCap() int                           { return chanRPCCap }
-func (l *legacyConn) deliveryBudget() *budget               { return l.counts }
-func (l *legacyConn) confirmWaiter() confirmPump            { return l.confirmPump }
 func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
-func (l *legacyConn) publishGate() *blockGate               { return &l.blocks }
 
 // opened: from now on every read sets its own deadline (before, the dial's
 // handshake deadline stands). The end of the handshake has just cleared the
@@ -194,7 +171,7 @@ func (l *legacyConn) opened() {
 	g.stateM.Lock()
 	g.opened = true
 	g.stateM.Unlock()
-	observeOpened(l.obs, l.mode(), l.gens.Add(1))
+	l.countOpened()
 	if nc, ok := g.conn.(net.Conn); ok {
 		_ = nc.SetReadDeadline(time.Now())
 	}
@@ -209,49 +186,32 @@ func (l *legacyConn) current() *legacyGen {
 // start prepares a generation; nothing runs until someone calls in.
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	g := &legacyGen{
-		conn:     conn,
-		rpc:      make(chan message, connRPCCap),
+		readGen:  newReadGen(conn),
 		split:    newFrameSplitter(&l.c.maxFrameSize),
 		lastSent: time.Now(),
 		started:  time.Now(),
-		genEnd:   newGenEnd(),
 	}
 	g.split.counts = &l.io
 	l.mu.Lock()
 	l.gen = g
 	l.blocks.unblock() // a new socket, which the broker has not blocked
 	l.mu.Unlock()
-	l.c.sendM.Lock()
-	l.io.restart()
-	lw := &lockedWriter{l: l, g: g}
-	l.pub.buf, l.pub.out = bufio.NewWriter(lw), lw
-	l.c.writer = &writer{l.pub.buf}
-	l.c.sendM.Unlock()
-	l.c.m.Lock()
-	l.c.rpc = g.rpc
-	l.c.m.Unlock()
+	l.install(&g.readGen, &socketWriter{conn: conn, end: &g.genEnd, counts: &l.io,
+		sent: func(int64) {
+			g.stateM.Lock()
+			g.lastSent = time.Now()
+			g.stateM.Unlock()
+		},
+		guard: transportGuard{l, g}})
 	if l.opts.AutoDrain {
 		go l.autoDrain(g)
 	}
 }
 
-// lockedWriter makes every write to the socket take the transport lock.
-type lockedWriter struct {
+// transportGuard makes every write to the socket take the transport lock.
+type transportGuard struct {
 	l *legacyConn
 	g *legacyGen
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.lock()
-	defer w.l.transport.Unlock()
-	n, err := w.g.conn.Write(p)
-	w.l.io.wrote(p[:n])
-	if n > 0 {
-		w.g.stateM.Lock()
-		w.g.lastSent = time.Now()
-		w.g.stateM.Unlock()
-	}
-	return n, w.g.explain(err)
 }
 
 // lock takes the transport lock for a write. In plain legacy mode the
@@ -262,7 +222,7 @@ func (w *lockedWriter) Write(p []byte) (int, error) {
 // its deadline (the loop's 50 ms) when nothing arrives: so the writer cuts
 // the read short, and the reader, seeing a writer waiting, lets go of the
 // lock and reads again afterwards.
-func (w *lockedWriter) lock() {
+func (w transportGuard) lock() {
 	l := w.l
 	if !l.opts.AutoDrain && l.urgent.Load() == 0 {
 		l.transport.Lock()
@@ -279,24 +239,7 @@ func (w *lockedWriter) lock() {
 	l.writers.Add(-1)
 }
 
-// writeVectors is Write for a publish's buffers (publish.go), under the
-// transport lock: one writev on a TCP or Unix socket, a Write per buffer
-// on other transports.
-func (w *lockedWriter) writeVectors(v *net.Buffers) (int64, error) {
-	w.lock()
-	defer w.l.transport.Unlock()
-	w.l.io.writingVectors(*v)
-	n, err := v.WriteTo(w.g.conn)
-	w.l.io.wroteBytes(n)
-	if n > 0 {
-		w.g.stateM.Lock()
-		w.g.lastSent = time.Now()
-		w.g.stateM.Unlock()
-	}
-	return n, w.g.explain(err)
-}
-
-func (l *legacyConn) publishOut() *publishOut { return &l.pub }
+func (w transportGuard) unlock() { w.l.transport.Unlock() }
 
 // heartbeater: no goroutine; heartbeats are sent while the application
 // calls in.
@@ -319,7 +262,7 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 	for {
 		raw, err := g.split.next()
 		if err != nil {
-			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+			l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
 			return l.waitErr(&g.genEnd)
 		}
 		if raw != nil {
@@ -342,7 +285,7 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 	for raw != nil {
 		if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
 			if err := l.dispatchChannel(g, channel, raw); err != nil {
-				l.fail(g, err)
+				l.fail(&g.readGen, err)
 				return l.waitErr(&g.genEnd)
 			}
 			if g.isDead() {
@@ -350,19 +293,19 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 			}
 			var err error
 			if raw, err = g.split.next(); err != nil {
-				l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+				l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
 				return l.waitErr(&g.genEnd)
 			}
 			continue
 		}
 		f, err := g.split.parse(raw)
 		if err != nil {
-			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
+			l.fail(&g.readGen, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
 			return l.waitErr(&g.genEnd)
 		}
 		l.blocks.trackBlocks(f)
 		if err := l.replyOverflow(g, f); err != nil {
-			l.fail(g, err)
+			l.fail(&g.readGen, err)
 			return l.waitErr(&g.genEnd)
 		}
 		if !l.notifyBlocks(f) {
@@ -372,7 +315,7 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 			return nil // the frame was connection.close, or teardown ran
 		}
 		if raw, err = g.split.next(); err != nil {
-			l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+			l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
 			return l.waitErr(&g.genEnd)
 		}
 	}
@@ -385,44 +328,29 @@ func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
 // content, and so stays in its recvMethod state. A complete message is
 // dispatched as upstream's state machine would dispatch it.
 func (l *legacyConn) dispatchChannel(g *legacyGen, id uint16, raw []byte) *Error {
-	cr := &g.content
-	cf, err := cr.decode(g.split, raw)
+	step, err := g.content.channelFrame(l.c, g.split, id, raw)
 	if err != nil {
-		return &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
+		return err
 	}
-	c := l.c
-	c.m.Lock()
-	ch, ok := c.channels[id]
-	if ok && cf.f != nil {
-		updateChannel(cf.f, ch)
-	} else if !ok {
-		Logger.Printf("[debug] dropping frame, channel %d does not exist", id)
-	}
-	c.m.Unlock()
-	if !ok {
-		c.dispatchClosed(cf.upstreamFrame(g.split, raw))
-		return nil
-	}
-	a := cr.asm(id, ch)
-	complete, method := cr.feed(a, &cf, c.maxFrameSize.Load())
+	ch := step.ch
 	switch {
-	case method != nil:
-		switch m := method.Method.(type) {
+	case step.closed != nil:
+		l.c.dispatchClosed(step.closed)
+	case step.method != nil:
+		switch m := step.method.Method.(type) {
 		case *basicAck:
 			ch.observeConfirm(m.DeliveryTag, m.Multiple, true)
 		case *basicNack:
 			ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
 		}
-		ch.recv(ch, method)
-	case complete:
-		if del, msg := a.complete(); del != nil {
-			ch.consumers.deliver(del.ConsumerTag, del)
-		} else {
-			if r, ok := msg.(*basicReturn); ok && l.obs != nil && l.obs.Returned != nil {
-				l.obs.Returned(newReturn(*r))
-			}
-			ch.dispatch(msg)
+		ch.recv(ch, step.method)
+	case step.del != nil:
+		ch.consumers.deliver(step.del.ConsumerTag, step.del)
+	case step.msg != nil:
+		if r, ok := step.msg.(*basicReturn); ok && l.obs != nil && l.obs.Returned != nil {
+			l.obs.Returned(newReturn(*r))
 		}
+		ch.dispatch(step.msg)
 	}
 	return nil
 }
@@ -576,7 +504,7 @@ const cancelHookDelay = time.Millisecond
 func (l *legacyConn) setReadDeadline(ctx context.Context, nc net.Conn, deadline time.Time) {
 	_ = nc.SetReadDeadline(deadline)
 	// Checked after setting it: a cancel, a Close or a writer (see
-	// lockedWriter.lock) that came in between has already tried to cut
+	// transportGuard.lock) that came in between has already tried to cut
 	// the read short, and the deadline above undid that.
 	if ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
 		_ = nc.SetReadDeadline(time.Now())
@@ -597,7 +525,7 @@ func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.D
 	case g.isDead():
 		return l.waitErr(&g.genEnd)
 	case !errors.Is(err, errDeadline):
-		l.fail(g, &Error{Code: FrameError, Reason: err.Error()})
+		l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
 		return l.waitErr(&g.genEnd)
 	case ctx.Err() != nil:
 		return ctx.Err()
@@ -608,28 +536,20 @@ func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.D
 		// was reading, not from this read's start: every read ends by
 		// the next heartbeat due, so no single read lasts long enough
 		// to see a dead peer.
+		hb := heartbeatClock{interval}
 		g.stateM.Lock()
-		silent := time.Since(g.lastRecv)
+		lastRecv, lastSent := g.lastRecv, g.lastSent
 		g.stateM.Unlock()
-		if silent >= 3*interval {
-			l.fail(g, &Error{Code: FrameError, Reason: fmt.Sprintf(
-				"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
-				silent.Round(time.Millisecond), 2*interval)})
+		now := time.Now()
+		if err := hb.timeout(lastRecv, now); err != nil {
+			l.fail(&g.readGen, err)
 			return l.waitErr(&g.genEnd)
 		}
-		l.beat(g, interval)
+		if hb.sendDue(lastSent, now) {
+			_ = l.c.send(&heartbeatFrame{})
+		}
 	}
 	return errInterrupted
-}
-
-// beat sends a heartbeat if nothing was written for an interval.
-func (l *legacyConn) beat(g *legacyGen, interval time.Duration) {
-	g.stateM.Lock()
-	due := time.Since(g.lastSent) >= interval
-	g.stateM.Unlock()
-	if due {
-		_ = l.c.send(&heartbeatFrame{})
-	}
 }
 
 // closerKey marks the ctx of Close's own pumping, which an interrupted
@@ -637,17 +557,6 @@ func (l *legacyConn) beat(g *legacyGen, interval time.Duration) {
 type closerKey struct{}
 
 func isCloser(ctx context.Context) bool { return ctx.Value(closerKey{}) != nil }
-
-// fail shuts the connection down after a read error, from the goroutine
-// that found it.
-func (l *legacyConn) fail(g *legacyGen, err *Error) {
-	l.c.closed.Store(true)
-	if !g.setDead(err) {
-		return
-	}
-	_ = g.conn.Close()
-	l.c.shutdown(err)
-}
 
 func (l *legacyConn) releaseTurn() { <-l.turn }
 
@@ -864,7 +773,7 @@ func (l *legacyConn) nextReply(ctx context.Context, errs chan *Error, rpc chan m
 // goroutine (bounded.go).
 func (l *legacyConn) abandon(err *Error) {
 	if g := l.current(); g != nil {
-		go l.fail(g, err)
+		go l.fail(&g.readGen, err)
 	}
 }
 
@@ -889,30 +798,21 @@ func (l *legacyConn) closing() {
 	}
 }
 
+// shutdown is endGen: legacy mode hands notifications over inline, so
+// nothing waits to be flushed.
 func (l *legacyConn) shutdown(err *Error) {
-	l.blocks.unblock() // held publishes go on, and fail as upstream's
-	if err == nil {
-		l.stopWatchdog()
+	var g *readGen
+	if cur := l.current(); cur != nil {
+		g = &cur.readGen
 	}
-	g := l.current()
-	if g == nil {
-		return
-	}
-	l.c.closed.Store(true)
-	g.setDead(err)
-	_ = g.conn.Close()
-	observeEnd(l.obs, l.mode(), &g.genEnd, err)
+	l.endGen(g, err, nil)
 }
-
-func (l *legacyConn) observer() *Observer             { return l.obs }
-func (l *legacyConn) confirmClock(id uint16) *chanObs { return l.clocks.clock(l.obs, id) }
-func (l *legacyConn) consumerBuffers() *bufferSet     { return &l.buffers }
 
 // stats is Stats in legacy mode: the counters and the consumer buffers;
 // notifications are handed over inline, as upstream does, so none wait.
 func (l *legacyConn) stats(s *Stats, now time.Time) {
 	l.io.fill(s)
-	s.Budget = l.counts.snapshot(now)
+	s.Budget = l.deliveries.snapshot(now)
 	s.Budget.Limit = 0
 	s.Consumers = l.buffers.fill(s.Consumers, monoNow())
 }

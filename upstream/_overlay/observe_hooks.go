@@ -57,7 +57,7 @@ func (c *Connection) obsOf() *Observer {
 	if c == nil || c.rp == nil {
 		return nil
 	}
-	return c.rp.observer()
+	return c.rp.base().obs
 }
 
 // clockOf is the confirm clock of channel ch, or nil when nobody asks for
@@ -67,7 +67,7 @@ func (ch *Channel) clockOf() *chanObs {
 	if c == nil || c.rp == nil {
 		return nil
 	}
-	return c.rp.confirmClock(ch.id)
+	return c.rp.base().confirmClock(ch.id)
 }
 
 // sending records that tag is about to be written. Tags grow by one per

@@ -98,11 +98,9 @@ type outbox struct {
 	work      *workCount    // the connection's queued work, which a shutdown waits for
 	closeWait time.Duration // how long a close waits for the notifications before it
 
-	mu      sync.Mutex
-	items   []queuedItem // items[head:] wait; items[head] is being handed over
-	head    int
-	running bool
-	queued  uint64 // items ever queued; an item's sequence number is queued after it
+	mu     sync.Mutex
+	items  runQueue[queuedItem] // the front is being handed over
+	queued uint64               // items ever queued; an item's sequence number is queued after it
 	// Items numbered up to dropThrough are dropped once dropAt has
 	// passed: a close is waiting behind them.
 	dropThrough uint64
@@ -124,7 +122,7 @@ type outbox struct {
 func (o *outbox) idle() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return !o.running
+	return !o.items.running
 }
 
 // queue appends an item, charged to the budget, and starts the hand-over
@@ -135,20 +133,9 @@ func (o *outbox) queue(it outItem) uint64 {
 	o.work.add(1)
 	at := monoNow()
 	o.mu.Lock()
-	if len(o.items) == cap(o.items) && o.head >= len(o.items)/2 {
-		// Slide down instead of growing, so a queue that never empties
-		// does not keep every item it ever handed over.
-		n := copy(o.items, o.items[o.head:])
-		for i := n; i < len(o.items); i++ {
-			o.items[i] = queuedItem{}
-		}
-		o.items, o.head = o.items[:n], 0
-	}
-	o.items = append(o.items, queuedItem{it, at})
+	start := o.items.put(queuedItem{it, at})
 	o.queued++
 	seq := o.queued
-	start := !o.running
-	o.running = true
 	o.bytes += cost
 	o.notes += itemCount(it)
 	var h outboxHead
@@ -223,8 +210,7 @@ func (o *outbox) run() {
 		slice = outboxMinSlice
 		cost := it.cost()
 		o.mu.Lock()
-		o.items[o.head] = queuedItem{}
-		o.head++
+		o.items.drop()
 		o.bytes -= cost
 		o.notes -= itemCount(it)
 		o.mu.Unlock()
@@ -242,14 +228,8 @@ func (o *outbox) next() (outItem, uint64, int64, bool) {
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.head == len(o.items) {
-		o.head = 0
-		if cap(o.items) > keepJobs {
-			o.items = nil
-		} else {
-			o.items = o.items[:0]
-		}
-		o.running = false
+	q, ok := o.items.front()
+	if !ok {
 		if o.dropThrough >= o.queued {
 			o.dropThrough, o.dropAt = 0, time.Time{}
 		}
@@ -258,8 +238,7 @@ func (o *outbox) next() (outItem, uint64, int64, bool) {
 		}
 		return nil, 0, 0, false
 	}
-	waiting := uint64(len(o.items) - o.head)
-	q := o.items[o.head]
+	waiting := uint64(len(o.items.queued()))
 	return q.it, o.queued - waiting + 1, q.at, true
 }
 

@@ -204,12 +204,6 @@ type publishOut struct {
 	out vectorWriter
 }
 
-// publishOuter is a read path that lets publishes write to its socket
-// writer directly (drainConn, legacyConn).
-type publishOuter interface {
-	publishOut() *publishOut
-}
-
 // writePublish writes pb's frames; the caller holds c.sendM.
 func (c *Connection) writePublish(pb *publishBuf) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
@@ -221,8 +215,8 @@ func (c *Connection) writePublish(pb *publishBuf) error {
 		}
 	}
 
-	if po, ok := c.rp.(publishOuter); ok && buf != nil {
-		if out := po.publishOut(); out.buf == buf && out.out != nil {
+	if c.rp != nil && buf != nil {
+		if out := &c.rp.base().pub; out.buf == buf && out.out != nil {
 			// The write consumes pb.wv, leaving it empty at the end of its
 			// array: wvs keeps the array for the next publish.
 			pb.wv = append(pb.wvs[:0], pb.vecs...)
@@ -561,4 +555,37 @@ func appendField(b []byte, value any) (_ []byte, err error) {
 	}
 
 	return b, nil
+}
+
+// publishCtx and publishDeferredCtx are the hooks in PublishWithContext and
+// PublishWithDeferredConfirmWithContext, after their own ctx check: they
+// wait at the read path's gate, if there is one, then publish, through the
+// fast path of publish.go with a read path and as upstream without.
+func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) error {
+	if err := ch.connection.publishWait(ctx); err != nil {
+		return err
+	}
+	if ch.connection.rp != nil {
+		_, err := ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
+		return err
+	}
+	return ch.Publish(exchange, key, mandatory, immediate, msg)
+}
+
+func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
+	if err := ch.connection.publishWait(ctx); err != nil {
+		return nil, err
+	}
+	if ch.connection.rp != nil {
+		return ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
+	}
+	return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
+}
+
+// publishWait does nothing without a read path.
+func (c *Connection) publishWait(ctx context.Context) error {
+	if c.rp == nil {
+		return nil
+	}
+	return c.rp.base().blocks.wait(ctx)
 }

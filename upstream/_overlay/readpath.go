@@ -60,8 +60,12 @@ type ReadPath interface {
 
 // readPath is one Connection's read path, called from the seam's hooks.
 type readPath interface {
-	// mode is ReadPath.Mode of the ReadPath this was attached from.
-	mode() string
+	// base is what the read path fixed when it was attached, and what the
+	// hooks read of it: its mode, the capacity of the channels' rpc
+	// chans, the budget that buffered deliveries count against, the
+	// confirm pump, the publish gate and socket writer, the Observer, and
+	// where consumer buffers register (readconn.go).
+	base() *readBase
 
 	// start takes over reading conn, the socket of a new connection
 	// generation, in place of `go c.reader(conn)`. It is called without
@@ -71,14 +75,6 @@ type readPath interface {
 	// heartbeater is called in place of `go c.heartbeater(interval, done)`
 	// once per generation. Returning false runs upstream's heartbeater.
 	heartbeater(interval time.Duration, done chan struct{}) bool
-
-	// rpcCap is the capacity of each channel's rpc chan (upstream: 0).
-	rpcCap() int
-
-	// deliveryBudget is the budget that buffered deliveries count against
-	// (in legacy mode one that is never paused on, so Stats sees them), or
-	// nil for upstream's consumer buffers.
-	deliveryBudget() *budget
 
 	// connCall waits for the reply to a channel-0 request that the caller
 	// has already sent, matching it into one of res as upstream does.
@@ -92,10 +88,6 @@ type readPath interface {
 	// upstream cleared the socket's read and write deadlines.
 	opened()
 
-	// confirmWaiter returns what DeferredConfirmation.Wait and WaitContext
-	// call to read frames while they wait, or nil when someone else reads.
-	confirmWaiter() confirmPump
-
 	// closing runs once Close, CloseDeadline or closeWith has initiated the
 	// close, and before it waits for an in-flight Reconnect or sends
 	// connection.close.
@@ -103,10 +95,6 @@ type readPath interface {
 
 	// drainEvents is Connection.DrainEvents in this read mode.
 	drainEvents(ctx context.Context) error
-
-	// publishGate holds publishes with a context while the broker blocks
-	// the connection (blockgate.go).
-	publishGate() *blockGate
 
 	// shutdown runs first in every call of Connection.shutdown, with the
 	// same error (nil for an intentional close), before any lock is taken.
@@ -129,17 +117,6 @@ type readPath interface {
 	// stats fills in s, a snapshot taken at now, with what this read path
 	// counts and holds (stats.go).
 	stats(s *Stats, now time.Time)
-
-	// observer is the Observer of the read path's options, or nil.
-	observer() *Observer
-
-	// confirmClock is channel id's confirm clock, or nil unless the
-	// Observer has a Confirmed hook.
-	confirmClock(id uint16) *chanObs
-
-	// consumerBuffers is where the consumer buffers that count against
-	// deliveryBudget register, for Stats.
-	consumerBuffers() *bufferSet
 }
 
 // defaultReadPath serves connections whose Config.ReadPath is nil when no
@@ -158,7 +135,7 @@ func (c *Connection) ReadMode() string {
 	if c.rp == nil {
 		return "upstream"
 	}
-	return c.rp.mode()
+	return c.rp.base().name
 }
 
 // startReader starts reading a new connection generation: the read path's
@@ -211,7 +188,7 @@ func (c *Connection) confirmPump() confirmPump {
 	if c.rp == nil {
 		return nil
 	}
-	return c.rp.confirmWaiter()
+	return c.rp.base().confirmWait
 }
 
 // pumpUntilDone reads frames while waiting for the confirmation, in a read
@@ -233,7 +210,7 @@ func (c *Connection) rpcCap() int {
 	if c == nil || c.rp == nil {
 		return 0
 	}
-	return c.rp.rpcCap()
+	return c.rp.base().rpcCap
 }
 
 // matchReply copies msg into the first of res with the same concrete type, as
@@ -313,12 +290,16 @@ var errEnded = errors.New("amqp: the wait ended")
 // once at least one frame has been dispatched after the call started,
 // ctx.Err() if ctx ends first (errors.Is matches context.DeadlineExceeded
 // or context.Canceled), and otherwise the error that ended the connection:
-// in drainer mode the *Error every waiter sees, or ErrClosedIntentionally
-// after Close; in upstream mode ErrClosed.
+// in drainer and legacy modes the *Error every waiter sees, or
+// ErrClosedIntentionally after Close; in upstream mode ErrClosed.
 //
-// In upstream and drainer modes a goroutine of the connection reads the
-// socket whether or not anyone calls DrainEvents: it is a way to wait for
-// traffic, not a requirement.
+// In upstream and drainer modes, and in legacy mode with AutoDrain, a
+// goroutine of the connection reads the socket whether or not anyone calls
+// DrainEvents: it is a way to wait for traffic, not a requirement. In
+// plain legacy mode it is the read: the caller reads and dispatches at
+// least one frame, then every frame already complete in the buffer, and
+// deliveries, confirms, notifications and heartbeats happen only while
+// somebody calls it (or waits in an RPC or DeferredConfirmation.Wait).
 func (c *Connection) DrainEvents(ctx context.Context) error {
 	if c.rp == nil {
 		return c.drainUpstream(ctx)

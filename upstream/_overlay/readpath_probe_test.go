@@ -19,15 +19,21 @@ type seamProbe struct{}
 
 func (seamProbe) Mode() string { return "seam-probe" }
 
-func (seamProbe) attach(c *Connection) readPath { return &seamProbeConn{c: c} }
+// attach fixes a base with upstream's values: unbuffered rpc chans, no
+// delivery budget, no confirm pump, a publish gate that never blocks
+// (upstream's reader holds no publish back) and no socket writer of its
+// own, so publishes write through c.writer as upstream's do.
+func (seamProbe) attach(c *Connection) readPath {
+	p := &seamProbeConn{}
+	p.c, p.name = c, "seam-probe"
+	return p
+}
 
 type seamProbeConn struct {
-	c *Connection
+	readBase
 
 	starts, heartbeaters, connCalls, chanCalls, openeds, closings, shutdowns atomic.Int64
 }
-
-func (p *seamProbeConn) mode() string { return "seam-probe" }
 
 func (p *seamProbeConn) start(conn io.ReadWriteCloser) {
 	p.starts.Add(1)
@@ -38,12 +44,6 @@ func (p *seamProbeConn) heartbeater(time.Duration, chan struct{}) bool {
 	p.heartbeaters.Add(1)
 	return false
 }
-
-func (p *seamProbeConn) rpcCap() int { return 0 }
-
-func (p *seamProbeConn) deliveryBudget() *budget { return nil }
-
-func (p *seamProbeConn) confirmWaiter() confirmPump { return nil }
 
 // connCall waits exactly as upstream's Connection.call does.
 func (p *seamProbeConn) connCall(errors chan *Error, rpc chan message, res []message) error {
@@ -102,13 +102,4 @@ func (p *seamProbeConn) nextReply(ctx context.Context, errs chan *Error, rpc cha
 	return waitReply(ctx, errs, rpc)
 }
 
-// neverBlocked is the probe's publish gate: the probe forwards to
-// upstream's reader, which holds no publish back.
-var neverBlocked blockGate
-
-func (p *seamProbeConn) publishGate() *blockGate { return &neverBlocked }
-
-func (p *seamProbeConn) stats(*Stats, time.Time)      {}
-func (p *seamProbeConn) confirmClock(uint16) *chanObs { return nil }
-func (p *seamProbeConn) observer() *Observer          { return nil }
-func (p *seamProbeConn) consumerBuffers() *bufferSet  { return nil }
+func (p *seamProbeConn) stats(*Stats, time.Time) {}

@@ -206,11 +206,11 @@ func (o *outbox) holds() outboxHead {
 	return o.headLocked(monoNow())
 }
 
-// headLocked is holds with o.mu held.
+// headLocked is head, with o.mu held.
 func (o *outbox) headLocked(now int64) outboxHead {
 	h := outboxHead{items: o.notes, bytes: o.bytes}
-	if o.head < len(o.items) {
-		q := o.items[o.head]
+	if waiting := o.items.queued(); len(waiting) > 0 {
+		q := waiting[0]
 		h.kind, h.age = q.it.kind(), time.Duration(now-q.at)
 	}
 	return h
@@ -267,7 +267,7 @@ func (o *outbox) listenerStats(out []ListenerStats, now int64) []ListenerStats {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	start := len(out)
-	for _, q := range o.items[o.head:] {
+	for _, q := range o.items.queued() {
 		k := q.it.kind()
 		if k == "" {
 			continue
@@ -296,13 +296,8 @@ func itemCount(it outItem) int {
 	return 1
 }
 
-func (n *notes[T]) count() int           { return len(n.vs) }
-func (s *settlement) count() int         { return len(s.dcs) }
-func (d *drainConn) observer() *Observer { return d.obs }
-
-func (d *drainConn) confirmClock(id uint16) *chanObs { return d.clocks.clock(d.obs, id) }
-
-func (d *drainConn) consumerBuffers() *bufferSet { return &d.buffers }
+func (n *notes[T]) count() int   { return len(n.vs) }
+func (s *settlement) count() int { return len(s.dcs) }
 
 // stats is Stats in drainer mode.
 func (d *drainConn) stats(s *Stats, now time.Time) {

@@ -7,54 +7,8 @@ import (
 	"fmt"
 	"io"
 	"sync"
-	"sync/atomic"
 	"time"
 )
-
-// genEnd is how one connection generation ends, for the read modes: a chan
-// closed exactly once, which releases every waiter together, and why.
-type genEnd struct {
-	once sync.Once
-	dead chan struct{}
-	err  *Error // why it ended; nil for an intentional close
-
-	reported atomic.Bool // the Observer has heard of the end (observeEnd)
-}
-
-func newGenEnd() genEnd { return genEnd{dead: make(chan struct{})} }
-
-// setDead ends the generation with err, if it has not ended yet, and
-// reports whether this call ended it.
-func (e *genEnd) setDead(err *Error) bool {
-	first := false
-	e.once.Do(func() {
-		e.err = err
-		close(e.dead)
-		first = true
-	})
-	return first
-}
-
-// explain returns why the generation ended in place of err, a failed
-// socket write, when the end is what broke the socket: the Close watchdog
-// or a failed read closed it under the writer. A publisher, or Close
-// itself, then learns the cause ("close-ok not received within 5s") rather
-// than "use of closed network connection".
-func (e *genEnd) explain(err error) error {
-	if err == nil || !e.isDead() || e.err == nil {
-		return err
-	}
-	return e.err
-}
-
-func (e *genEnd) isDead() bool {
-	select {
-	case <-e.dead:
-		return true
-	default:
-		return false
-	}
-}
 
 // closeIntent records that the application called Close: it wakes whoever
 // waits for that, tells an intentional close from the library's own

@@ -1,0 +1,72 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+// runQueue is the queue behind the drainer's "a goroutine only while work
+// waits": a channel dispatcher's jobs (serialQueue) and an outbox's items.
+// A burst starts a goroutine, which takes the items in order and retires
+// when it finds none, so an idle channel costs no goroutine. The owner
+// guards the queue with its own lock, and starts the goroutine when put
+// says so.
+type runQueue[T any] struct {
+	items   []T // items[head:] wait; items[head] is the next
+	head    int
+	running bool
+}
+
+// keepItems is the capacity up to which an emptied queue keeps its slice
+// for the next burst: the drainer queues a job per frame, and
+// reallocating per burst costs more than the frames' own parsing. Bigger
+// slices, left by a burst the budget allowed, are dropped so they do not
+// stay pinned.
+const keepItems = 1024
+
+// put appends v and reports whether the owner must start the goroutine:
+// none runs.
+func (q *runQueue[T]) put(v T) (start bool) {
+	if len(q.items) == cap(q.items) && q.head >= len(q.items)/2 {
+		// Full, and at least half of it already taken: slide the waiting
+		// items down rather than grow, so that a queue that never
+		// empties does not keep every item it ever held.
+		n := copy(q.items, q.items[q.head:])
+		var zero T
+		for i := n; i < len(q.items); i++ {
+			q.items[i] = zero // upstream's go.mod predates clear
+		}
+		q.items, q.head = q.items[:n], 0
+	}
+	q.items = append(q.items, v)
+	start = !q.running
+	q.running = true
+	return start
+}
+
+// front returns the next item, leaving it in the queue (drop takes it
+// out). When none waits, the goroutine retires: front reports false and
+// the next put starts another.
+func (q *runQueue[T]) front() (T, bool) {
+	if q.head == len(q.items) {
+		q.head = 0
+		if cap(q.items) > keepItems {
+			q.items = nil
+		} else {
+			q.items = q.items[:0]
+		}
+		q.running = false
+		var zero T
+		return zero, false
+	}
+	return q.items[q.head], true
+}
+
+// drop takes the next item out of the queue, once it is done with.
+func (q *runQueue[T]) drop() {
+	var zero T
+	q.items[q.head] = zero
+	q.head++
+}
+
+// queued returns the items in the queue, the next first, for the owner to
+// look at under its lock.
+func (q *runQueue[T]) queued() []T { return q.items[q.head:] }
