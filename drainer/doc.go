@@ -60,6 +60,10 @@
 //  9. Bounded close. If the broker does not answer close-ok within
 //     Options.CloseTimeout (5 s by default), the socket is closed, which
 //     also frees a publisher blocked in a write.
+//  10. Bounded calls, on request. Options.RPCTimeout (off by default)
+//     bounds every synchronous method for code that cannot pass a
+//     context; the ...WithContext methods take one in every mode. An
+//     abandoned call closes its channel (see the README, "Bounded calls").
 //
 // Consequences to know:
 //

@@ -9,6 +9,8 @@
 //
 //  1. No background goroutines. Nothing reads the socket or sends
 //     heartbeats on its own: an idle legacy connection has no goroutine.
+//     (LegacyOptions.AutoDrain, for code that never calls DrainEvents,
+//     adds exactly one: a drain loop per connection generation.)
 //  2. One transport lock guards the socket. A goroutine that needs a frame
 //     takes the read turn, reads under the transport lock and dispatches
 //     what it read, in order. An RPC caller (QueueDeclare, Channel, Close,
@@ -59,6 +61,15 @@
 // amqp.Channel.ConsumeFunc (pooled bodies, valid only inside the handler)
 // works here too; its deliveries, like Consume's, arrive only while
 // someone calls DrainEvents.
+//
+// Options.RPCTimeout bounds every synchronous method for code that cannot
+// pass a context (the ...WithContext methods take one in every mode); the
+// caller pumps frames meanwhile, as always here. Connection.Stats counts
+// bytes, frames and what waits in consumer buffers (notifications are
+// handed over inline, as upstream does, so none wait), and
+// Options.Observer is called from the same fast paths as in drainer mode.
+// The drainer's warnings (a Logger, stall and depth warnings) have no
+// counterpart: nothing here reads ahead of the application.
 package legacyread
 
 import amqp "github.com/rabbitmq/amqp091-go"
