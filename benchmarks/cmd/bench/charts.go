@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"image/color"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -10,6 +11,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
 )
@@ -33,15 +35,15 @@ func drawCharts(s suite, dir string) (map[string]string, error) {
 	for _, sr := range s.Scenarios {
 		for _, cr := range sr.Cases {
 			for _, name := range sr.spec.Report.Charts {
-				p, ok, err := latencyChart(sr, cr, name)
+				p, legend, err := latencyChart(sr, cr, name)
 				if err != nil {
 					return nil, err
 				}
-				if !ok {
+				if p == nil {
 					continue
 				}
 				file := filepath.Join(dir, fileName(sr.Name, cr.Case, name)+".png")
-				if err := p.Save(16*vg.Centimeter, 10*vg.Centimeter, file); err != nil {
+				if err := saveWithLegendBelow(p, legend, 16*vg.Centimeter, 10*vg.Centimeter, file); err != nil {
 					return nil, err
 				}
 				files[chartKey(sr.Name, cr.Case, name)] = file
@@ -87,23 +89,34 @@ func fileName(parts ...string) string {
 }
 
 // latencyChart plots, per variant, latency against percentile on a log
-// scale, from the median over repetitions of each percentile.
-func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, bool, error) {
+// scale, from the median over repetitions of each percentile. It returns
+// the legend's entries apart, for saveWithLegendBelow to draw outside the
+// data, and a nil plot when no variant has the latency.
+//
+// Variants often coincide (in stalled-listener every build but the drainer
+// waits out the same stall), so each one is drawn wider than the next, in
+// the order of cr.Variants: a line drawn over another of the same values
+// leaves the one below showing on both sides.
+func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, []legendEntry, error) {
 	p := plot.New()
 	p.Title.Text = strings.Join(strings.Fields(fmt.Sprintf("%s %s", sr.Name, cr.Case)), " ") + ": " + name + " latency"
 	p.X.Label.Text = "percentile"
 	p.Y.Label.Text = "ms (log)"
 	p.Y.Scale = plot.LogScale{}
 	p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
-	p.Legend.Top = true
-	p.Legend.Left = true
-	var labels []string
-	drawn := false
+	var drawn []string
 	for _, v := range cr.Variants {
-		pts := cr.Points[v][name]
-		if len(pts) == 0 {
-			continue
+		if len(cr.Points[v][name]) > 0 {
+			drawn = append(drawn, v)
 		}
+	}
+	if len(drawn) == 0 {
+		return nil, nil, nil
+	}
+	var labels []string
+	var legend []legendEntry
+	for k, v := range drawn {
+		pts := cr.Points[v][name]
 		xy := make(plotter.XYs, len(pts))
 		for i, pt := range pts {
 			xy[i].X = float64(i)
@@ -114,22 +127,62 @@ func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, bo
 		}
 		line, points, err := plotter.NewLinePoints(xy)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
+		below := float64(len(drawn) - 1 - k) // variants drawn after this one
 		line.Color = variantColors[v]
-		line.Width = vg.Points(1.5)
+		line.Width = vg.Points(1.5 + 2*below)
 		points.Color = variantColors[v]
 		points.Shape = draw.CircleGlyph{}
+		points.Radius = vg.Points(2.5 + 1.75*below)
 		p.Add(line, points)
-		p.Legend.Add(v, line)
-		drawn = true
+		legend = append(legend, legendEntry{v, []plot.Thumbnailer{line, points}})
 	}
 	ticks := make([]plot.Tick, len(labels))
 	for i, l := range labels {
 		ticks[i] = plot.Tick{Value: float64(i), Label: l}
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
-	return p, drawn, nil
+	// Headroom on the log axis, so that the widest line does not run
+	// along the top edge under the title.
+	p.Y.Max *= 1.5
+	return p, legend, nil
+}
+
+// legendEntry is one line of a chart's legend.
+type legendEntry struct {
+	label  string
+	thumbs []plot.Thumbnailer
+}
+
+// saveWithLegendBelow writes p as a w×h PNG with its legend in a row of
+// its own under the plot, where it cannot cover any data.
+func saveWithLegendBelow(p *plot.Plot, legend []legendEntry, w, h vg.Length, file string) error {
+	const colW = 3 * vg.Centimeter
+	stripH := 0.8 * vg.Centimeter
+	img := vgimg.New(w, h)
+	dc := draw.New(img)
+	p.Draw(draw.Crop(dc, 0, 0, stripH, 0))
+	strip := draw.Crop(dc, 0, 0, 0, -(h - stripH))
+	left := strip.Min.X + (strip.Max.X-strip.Min.X-vg.Length(len(legend))*colW)/2
+	for i, e := range legend {
+		lg := plot.NewLegend()
+		lg.Top, lg.Left = true, true
+		lg.Add(e.label, e.thumbs...)
+		c := strip
+		c.Min.X = left + vg.Length(i)*colW
+		c.Max.X = c.Min.X + colW
+		lg.Draw(c)
+	}
+	f, err := os.Create(file)
+	if err != nil {
+		return err
+	}
+	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 func ratioCount(s suite) int {
