@@ -60,6 +60,14 @@
 //  9. Bounded close. If the broker does not answer close-ok within
 //     Options.CloseTimeout (5 s by default), the socket is closed, which
 //     also frees a publisher blocked in a write.
+//  10. Nothing more for consumers once Close has begun. The broker answers
+//     connection.close only after the publishes written before it, which
+//     it routes and may deliver while Close waits; those deliveries, and
+//     any still buffered, are dropped, never handed to the application
+//     (upstream hands them over until its teardown, and drops the rest
+//     there). With auto-ack they are lost as upstream's dropped ones are;
+//     unacknowledged ones are requeued by the broker. Confirmations,
+//     returns and every other notification are unaffected.
 //
 // Consequences to know:
 //
