@@ -64,6 +64,14 @@
 //     bounds every synchronous method for code that cannot pass a
 //     context; the ...WithContext methods take one in every mode. An
 //     abandoned call closes its channel (see the README, "Bounded calls").
+//  11. Nothing more for consumers once Close has begun. The broker answers
+//     connection.close only after the publishes written before it, which
+//     it routes and may deliver while Close waits; those deliveries, and
+//     any still buffered, are dropped, never handed to the application
+//     (upstream hands them over until its teardown, and drops the rest
+//     there). With auto-ack they are lost as upstream's dropped ones are;
+//     unacknowledged ones are requeued by the broker. Confirmations,
+//     returns and every other notification are unaffected.
 //
 // Consequences to know:
 //

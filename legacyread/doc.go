@@ -45,7 +45,10 @@
 //  6. Close never holds the transport lock while it waits for close-ok: it
 //     interrupts a blocked reader, wakes DrainEvents callers with
 //     amqp.ErrClosedIntentionally, and reads its close-ok itself. It is
-//     bounded by Options.CloseTimeout.
+//     bounded by Options.CloseTimeout. Once Close has begun, consumers get
+//     nothing more: what the broker delivers while Close waits for its
+//     close-ok, and what is still buffered, is dropped (issue #17; see the
+//     drainer package, item 10).
 //  7. DeferredConfirmation.Wait and WaitContext read frames themselves, so
 //     publish-and-wait works with no other goroutine.
 //  8. A read error shuts the connection down; every waiter finds out on its

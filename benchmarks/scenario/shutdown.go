@@ -27,6 +27,7 @@ import (
 const (
 	shutdownLoad         = "load"                 // sequential trials, messages flowing
 	shutdownStopsReading = "broker-stops-reading" // concurrent trials, publisher stuck in a write
+	shutdownSaturating   = "saturating"           // sequential trials, publisher without pause (issue #17)
 )
 
 const (
@@ -64,6 +65,15 @@ const (
 	// so Close would time the broker's backlog: 0.4–0.9 s at P95 and up to
 	// 2 s in every variant alike on the suite's machine.
 	loadInterval = time.Millisecond
+	// saturatingTrials is how many connections the saturating case
+	// closes, one after another; the issue judged the worst of 10.
+	saturatingTrials = 10
+	// saturatingBody is the saturating publisher's body: 1 KiB.
+	saturatingBody = 1 << 10
+	// saturatingFor is how long the saturating publisher runs before
+	// Close: enough to fill the socket buffers and the broker's queues
+	// with the backlog that Close then waits behind.
+	saturatingFor = 200 * time.Millisecond
 )
 
 func init() {
@@ -79,9 +89,15 @@ func init() {
 			"whose client-to-broker direction is then throttled to 1 KB/s; each publisher publishes " +
 			"64 KiB bodies without pause until it has been blocked in a write for 200 ms, then all " +
 			"20 connections are closed at once, and a Close not back within 8 s (beyond the default " +
-			"5 s CloseTimeout of legacy and drainer modes) counts as deadlocked.",
-		Cases:   []string{shutdownLoad, shutdownStopsReading},
-		Timeout: 90 * time.Second,
+			"5 s CloseTimeout of legacy and drainer modes) counts as deadlocked. \"saturating\" (issue #17): " +
+			"10 trials in sequence, each on a fresh connection whose consumer drains a server-named queue; " +
+			"the publisher publishes 1 KiB bodies into it without pause, and after 200 ms Close is timed " +
+			"(10 s bound). Close then waits for the broker to work through the publishes ahead of " +
+			"connection.close, so the publish rate (messages published before Close, over the time " +
+			"they took) says how much backlog each variant built; \"delivered after Close\" counts the " +
+			"deliveries the application received from its Consume chan once Close had begun, over all trials.",
+		Cases:   []string{shutdownLoad, shutdownStopsReading, shutdownSaturating},
+		Timeout: 150 * time.Second,
 		Run:     runShutdown,
 		Report: Report{
 			Columns: []Column{
@@ -90,6 +106,9 @@ func init() {
 				{Label: "deadlocked", Metric: "deadlocked"},
 				{Label: "Close errors", Metric: "close_errors"},
 				{Label: "publisher blocked", Metric: "blocked"},
+				{Label: "published before Close", Metric: "published_before_close"},
+				{Label: "publish msg/s", Metric: "publish_rate"},
+				{Label: "delivered after Close", Metric: "delivered_after_close"},
 				{Label: "P50 ms", Metric: "close.p50_ms", Digits: 1},
 				{Label: "P95 ms", Metric: "close.p95_ms", Digits: 1},
 				{Label: "max ms", Metric: "close.max_ms", Digits: 1},
@@ -97,11 +116,18 @@ func init() {
 			Ratios: []Ratio{
 				{Label: "legacy P95 / drainer P95", Metric: "close.p95_ms", Num: "legacy", Den: "drainer"},
 				{Label: "pristine P95 / drainer P95", Metric: "close.p95_ms", Num: "pristine", Den: "drainer"},
+				{Label: "drainer P95 / upstream P95", Metric: "close.p95_ms", Num: "drainer", Den: "upstream"},
 			},
 			Targets: []Target{
 				maxEverywhere("0 deadlocks in every variant", "deadlocked", 0),
 				loadOnly(AtMost("drainer Close P95 at most 50 ms under load",
-					"drainer", "close.p95_ms", 50, "ms")),
+					"drainer", "close.p95_ms", 50, "ms")).ForCases(shutdownLoad, shutdownStopsReading),
+				atMostRatio("drainer Close P95 at most upstream's under a saturating publisher",
+					Ratio{Metric: "close.p95_ms", Num: "drainer", Den: "upstream"}, 1).ForCases(shutdownSaturating),
+				// The count starts just before Close is called, so a few
+				// deliveries handed over before Close takes effect are in it.
+				atMostRatio("drainer: deliveries received once Close has begun at most 1% of upstream's",
+					Ratio{Metric: "delivered_after_close", Num: "drainer", Den: "upstream"}, 0.01).ForCases(shutdownSaturating),
 			},
 			Reference: "py-amqp/kombu, Close under load, 10 fresh connections per mode: legacy 10/10 " +
 				"completed, 0 deadlocks, P50 1952 ms, P95 1990 ms; dedicated drainer 10/10, 0 deadlocks, " +
@@ -132,6 +158,8 @@ func runShutdown(ctx context.Context, env *Env, c string) (*Result, error) {
 		return runShutdownLoad(ctx, env)
 	case shutdownStopsReading:
 		return runShutdownStuck(ctx, env)
+	case shutdownSaturating:
+		return runShutdownSaturating(ctx, env)
 	default:
 		return nil, fmt.Errorf("bounded-shutdown: unknown case %q", c)
 	}
@@ -173,6 +201,62 @@ func runShutdownLoad(ctx context.Context, env *Env) (*Result, error) {
 	res := tally.result()
 	res.Set("published", float64(published))
 	res.Set("delivered", float64(delivered))
+	return res, ctx.Err()
+}
+
+// runShutdownSaturating closes fresh connections whose publisher
+// publishes without pause, one at a time (issue #17). Unlike the load
+// case's, the publisher is not paced: the socket buffers and the broker's
+// queues fill with publishes, which the broker works through before it
+// answers connection.close, so Close measures that backlog as much as the
+// client; the publish rate and the count published before Close say how
+// big a backlog each variant built. Each trial has a server-named queue of
+// its own, so that no trial's leftovers feed the next.
+func runShutdownSaturating(ctx context.Context, env *Env) (*Result, error) {
+	trials := saturatingTrials
+	if env.Quick {
+		trials = 2
+	}
+	body := make([]byte, saturatingBody)
+	var tally closeTally
+	var published, delivered, afterClose int64
+	var rate float64
+	for i := 0; i < trials && ctx.Err() == nil; i++ {
+		b, err := openBusyConn(env, env.URL, "")
+		if err != nil {
+			return nil, fmt.Errorf("trial %d: %w", i, err)
+		}
+		b.startPublisher(ctx, body, 0)
+		active := waitFor(ctx, 5*time.Second, func() bool {
+			return b.published.Load() > 0 && b.delivered.Load() > 0 && time.Since(b.started) >= saturatingFor
+		})
+		if !active {
+			tally.inactive++
+		}
+		b.closing.Store(true)
+		n, ran := b.published.Load(), time.Since(b.started)
+		o := timedClose(b.conn, loadCloseBound)
+		tally.add(o)
+		published += n
+		rate += float64(n) / ran.Seconds()
+		delivered += b.delivered.Load()
+		if o.returned && !stopDrainWithin(b) {
+			tally.drainLoopsRunning++
+		}
+		if o.returned {
+			// Every delivery the application will ever get has been
+			// counted once its chan is closed, which Close ends with.
+			within(time.Second, func() { <-b.consumed })
+		}
+		afterClose += b.afterClose.Load()
+	}
+	res := tally.result()
+	if tally.trials > 0 {
+		res.Set("published_before_close", float64(published)/float64(tally.trials))
+		res.Set("publish_rate", rate/float64(tally.trials))
+	}
+	res.Set("delivered", float64(delivered))
+	res.Set("delivered_after_close", float64(afterClose))
 	return res, ctx.Err()
 }
 
@@ -264,20 +348,27 @@ type busyConn struct {
 	queue     string
 	delivered atomic.Int64
 	published atomic.Int64
-	inFlight  atomic.Int64 // when the publish call in progress began, in Unix ns; 0 between calls
-	started   time.Time    // when the publisher started
-	stopDrain func()       // ends the legacy drain loop; a no-op in the other modes
+	// closing is set just before Close is called; afterClose counts the
+	// deliveries the consumer received from then on, and consumed is
+	// closed when its deliveries chan has closed.
+	closing    atomic.Bool
+	afterClose atomic.Int64
+	consumed   chan struct{}
+	inFlight   atomic.Int64 // when the publish call in progress began, in Unix ns; 0 between calls
+	started    time.Time    // when the publisher started
+	stopDrain  func()       // ends the legacy drain loop; a no-op in the other modes
 }
 
 // openBusyConn dials url in the mode under test and starts consuming
-// queue. Nothing is delivered yet in legacy mode: its drain loop starts
-// with the publisher.
+// queue, or a server-named queue it declares if queue is empty. Nothing
+// is delivered yet in legacy mode: its drain loop starts with the
+// publisher.
 func openBusyConn(env *Env, url, queue string) (*busyConn, error) {
 	conn, err := env.DialURL(url, amqp.Config{})
 	if err != nil {
 		return nil, err
 	}
-	b := &busyConn{env: env, conn: conn, queue: queue, stopDrain: func() {}}
+	b := &busyConn{env: env, conn: conn, queue: queue, stopDrain: func() {}, consumed: make(chan struct{})}
 	if err := b.consume(); err != nil {
 		_ = conn.Close()
 		return nil, err
@@ -290,13 +381,25 @@ func (b *busyConn) consume() error {
 	if err != nil {
 		return err
 	}
+	if b.queue == "" {
+		// Exclusive: it goes with the connection.
+		q, err := cons.QueueDeclare("", false, true, true, false, nil)
+		if err != nil {
+			return fmt.Errorf("declare a server-named queue: %w", err)
+		}
+		b.queue = q.Name
+	}
 	deliveries, err := cons.Consume(b.queue, "", true, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume: %w", err)
 	}
 	go func() {
+		defer close(b.consumed)
 		for range deliveries {
 			b.delivered.Add(1)
+			if b.closing.Load() {
+				b.afterClose.Add(1)
+			}
 		}
 	}()
 	if b.pub, err = b.conn.Channel(); err != nil {

@@ -24,6 +24,7 @@ type deliveryAcct struct {
 	buffers *bufferSet
 	channel uint16
 	obs     *Observer
+	closing <-chan struct{} // closed when Close begins (closedrop.go)
 }
 
 // makeConsumers builds a channel's consumer registry, tied to the read
@@ -32,7 +33,7 @@ func (c *Connection) makeConsumers(id uint16) *consumers {
 	subs := makeConsumers()
 	if c != nil && c.rp != nil {
 		if rb := c.rp.base(); rb.deliveries != nil {
-			subs.acct = &deliveryAcct{budget: rb.deliveries, buffers: &rb.buffers, channel: id, obs: rb.obs}
+			subs.acct = &deliveryAcct{budget: rb.deliveries, buffers: &rb.buffers, channel: id, obs: rb.obs, closing: rb.calledC}
 		}
 	}
 	return subs
@@ -84,9 +85,16 @@ func (subs *consumers) budgetedBuffer(tag string, in chan *Delivery, out chan De
 	for delivery := range in {
 		push(delivery)
 		for len(queue) > 0 {
+			if isClosing(acct.closing) { // nothing more for the application (closedrop.go)
+				subs.dropAfterClose(inflight, queue, st)
+				queue = nil
+				return
+			}
 			select {
 			case <-subs.closed:
 				return
+			case <-acct.closing:
+				continue
 			case delivery, consuming := <-inflight:
 				if consuming {
 					push(delivery)
@@ -114,6 +122,9 @@ func (subs *consumers) deliver(tag string, d *Delivery) {
 	acct := subs.acct
 	if acct.obs != nil && acct.obs.Delivered != nil {
 		acct.obs.Delivered(d)
+	}
+	if isClosing(acct.closing) {
+		return // Close has begun: dropped (closedrop.go)
 	}
 	cost := deliveryCost(d)
 	acct.budget.charge(cost)

@@ -142,6 +142,13 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 	if c.IsClosed() {
 		return ErrClosed
 	}
+	// Once the application has called Close, the broker discards what
+	// follows connection.close: refuse the message rather than write it
+	// for nobody, so Close does not compete with a publisher for the
+	// broker's time (closedrop.go).
+	if isClosing(c.rp.base().calledC) {
+		return ErrClosedIntentionally
+	}
 
 	if encErr != nil {
 		// Upstream fails the connection when a frame cannot be encoded (a
