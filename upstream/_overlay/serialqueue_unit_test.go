@@ -1,0 +1,259 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
+package amqp091
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// Unit tests of serialQueue (drainer_dispatch.go), the on-demand goroutine
+// behind each channel's dispatcher and the connection's channel-0 work: no
+// broker, no socket, on synctest's fake clock.
+
+// TestUnitSerialQueueRunsInOrderOneAtATime pins that jobs run in push
+// order, one at a time: 90 jobs of 1 ms each (and 10 for handleJob) are
+// done at exactly 90 ms (run side by side they would be done at 1 ms), the
+// jobs' unlocked
+// appends pass the race detector, and jobs without a run function reach
+// handleJob, by value, in the same order. Each job's cost stays charged to
+// the budget until it ran, and workCount.waitIdle returns the moment the
+// last one did.
+func TestUnitSerialQueueRunsInOrderOneAtATime(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		var (
+			work    workCount
+			order   []int // appended by the jobs, without a lock
+			running atomic.Int32
+		)
+		b := newBudget(1<<20, 1<<19)
+		q := &serialQueue{budget: b, work: &work}
+		q.handleJob = func(job queuedJob) {
+			order = append(order, int(job.f.channel()))
+			if job.cost != 7 {
+				t.Errorf("handleJob got cost %d, want 7", job.cost)
+			}
+		}
+		start := time.Now()
+		for i := 0; i < 100; i++ {
+			i := i // upstream's go.mod predates per-iteration loop variables
+			if i%10 == 9 {
+				q.pushJob(queuedJob{f: &methodFrame{ChannelId: uint16(i)}, cost: 7})
+				continue
+			}
+			q.push(10, func() {
+				if n := running.Add(1); n != 1 {
+					t.Errorf("%d jobs running at once", n)
+				}
+				time.Sleep(time.Millisecond)
+				order = append(order, i)
+				running.Add(-1)
+			})
+		}
+		if used := b.usedNow(); used != 90*10+10*7 {
+			t.Fatalf("budget charged %d for the queued jobs, want %d", used, 90*10+10*7)
+		}
+		if !work.waitIdle(start.Add(time.Hour)) {
+			t.Fatal("the jobs did not run")
+		}
+		if d := time.Since(start); d != 90*time.Millisecond {
+			t.Errorf("90 jobs of 1 ms were done at %s, want 90ms: they did not run one at a time", d)
+		}
+		if len(order) != 100 {
+			t.Fatalf("%d of 100 jobs ran", len(order))
+		}
+		for i, v := range order {
+			if v != i {
+				t.Fatalf("job %d ran in place %d: %v", v, i, order)
+			}
+		}
+		if used := b.usedNow(); used != 0 {
+			t.Errorf("budget still charged %d", used)
+		}
+	})
+}
+
+// TestUnitSerialQueueRetiresAndRestarts pins the on-demand goroutine: it
+// retires once the queue is empty (retired runs once per burst, under the
+// outer lock, and the queue reports not running), and the next push starts
+// a new one. A job pushed while the goroutine runs, even by a job itself,
+// is run by that same goroutine after the jobs before it: no second
+// goroutine, no second retirement. The bubble ending without a deadlock
+// also shows that no idle goroutine is left waiting.
+func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		var outer sync.Mutex
+		var retirements int
+		q := &serialQueue{budget: newBudget(1<<20, 1<<19), outer: &outer}
+		q.retired = func() {
+			if outer.TryLock() {
+				outer.Unlock()
+				t.Error("retired ran without the outer lock: a push could race it")
+			}
+			retirements++
+		}
+		var order []string
+		pushLocked := func(name string, run func()) { // outer held
+			q.push(1, func() {
+				order = append(order, name)
+				if run != nil {
+					run()
+				}
+			})
+		}
+		push := func(name string, run func()) {
+			outer.Lock()
+			pushLocked(name, run)
+			outer.Unlock()
+		}
+
+		outer.Lock() // both queued before the goroutine may look for more
+		pushLocked("a", nil)
+		pushLocked("b", func() { push("c", nil) }) // c: pushed by the queue's own goroutine
+		outer.Unlock()
+		synctest.Wait()
+		outer.Lock()
+		if q.queueRunning() || retirements != 1 {
+			t.Errorf("after the first burst: running %v, %d retirements; want false, 1", q.queueRunning(), retirements)
+		}
+		outer.Unlock()
+
+		time.Sleep(time.Second)
+		push("d", func() { time.Sleep(time.Second) })
+		push("e", nil)
+		outer.Lock()
+		if !q.queueRunning() {
+			t.Error("a push to an idle queue did not start its goroutine")
+		}
+		outer.Unlock()
+		time.Sleep(500 * time.Millisecond)
+		push("f", nil)          // while d runs: same goroutine
+		time.Sleep(time.Second) // d ends at 2 s, then e and f run
+		synctest.Wait()
+		outer.Lock()
+		defer outer.Unlock()
+		if q.queueRunning() || retirements != 2 {
+			t.Errorf("after the second burst: running %v, %d retirements; want false, 2", q.queueRunning(), retirements)
+		}
+		if got := fmt.Sprint(order); got != "[a b c d e f]" {
+			t.Errorf("ran %s, want [a b c d e f]", got)
+		}
+	})
+}
+
+// TestUnitSerialQueueConcurrentPushes pins that a push racing the
+// goroutine's retirement is never lost: either the retiring goroutine
+// still pops it or the push starts a new one. Eight producers push 200
+// jobs each, pausing now and then so that the queue empties and restarts
+// many times, once with pushes under an outer lock (as a channel's
+// dispatcher is fed) and once without (the connection's channel-0 queue).
+// Every job runs exactly once, each producer's jobs in its order, and the
+// budget and work count end at zero.
+func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
+	for _, withOuter := range []bool{true, false} {
+		inBubble(t, func(t *testing.T) {
+			const producers, jobs = 8, 200
+			var (
+				work  workCount
+				outer sync.Mutex
+				ran   [producers][]int // appended by the jobs, without a lock
+			)
+			b := newBudget(1<<20, 1<<19)
+			q := &serialQueue{budget: b, work: &work}
+			var retirements atomic.Int32
+			q.retired = func() { retirements.Add(1) }
+			if withOuter {
+				q.outer = &outer
+			}
+			var wg sync.WaitGroup
+			for p := 0; p < producers; p++ {
+				p := p
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for j := 0; j < jobs; j++ {
+						j := j
+						if withOuter {
+							outer.Lock()
+						}
+						q.push(3, func() { ran[p] = append(ran[p], j) })
+						if withOuter {
+							outer.Unlock()
+						}
+						if j%(p+3) == 0 {
+							time.Sleep(time.Duration(p+1) * time.Millisecond)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			if !work.waitIdle(time.Now().Add(time.Second)) {
+				t.Fatal("jobs left queued")
+			}
+			synctest.Wait()
+			for p := range ran {
+				if len(ran[p]) != jobs {
+					t.Fatalf("outer %v: producer %d: %d of %d jobs ran", withOuter, p, len(ran[p]), jobs)
+				}
+				for j, v := range ran[p] {
+					if v != j {
+						t.Fatalf("outer %v: producer %d: job %d ran in place %d", withOuter, p, v, j)
+					}
+				}
+			}
+			if used := b.usedNow(); used != 0 || q.queueRunning() {
+				t.Errorf("outer %v: budget %d, running %v at the end", withOuter, used, q.queueRunning())
+			}
+			if r := retirements.Load(); r < 2 {
+				t.Errorf("outer %v: the queue retired %d times: the test did not exercise restarts", withOuter, r)
+			}
+		})
+	}
+}
+
+// TestUnitSerialQueueMemory pins the queue's memory: a queue that never
+// empties (a job always waiting behind the one running) slides its jobs
+// down instead of growing without bound, an emptied queue keeps a small
+// slice for the next burst, and drops one grown past keepJobs so that a
+// burst the budget allowed does not stay pinned.
+func TestUnitSerialQueueMemory(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		q := &serialQueue{budget: newBudget(1<<30, 1<<29)}
+		capacity := func() int {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return cap(q.jobs)
+		}
+		job := func() { time.Sleep(time.Millisecond) }
+		for i := 0; i < 10; i++ {
+			q.push(1, job)
+		}
+		for i := 0; i < 5000; i++ { // one more per job run: 10 stay queued
+			time.Sleep(time.Millisecond)
+			q.push(1, job)
+		}
+		if c := capacity(); c > 64 {
+			t.Errorf("a queue 10 deep kept a slice of capacity %d after 5010 jobs", c)
+		}
+		synctest.Wait()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if c := capacity(); c == 0 {
+			t.Error("an emptied small queue dropped its slice: the next burst allocates again")
+		}
+
+		for i := 0; i < 2*keepJobs; i++ {
+			q.push(1, job)
+		}
+		time.Sleep(3 * keepJobs * time.Millisecond)
+		synctest.Wait()
+		if c := capacity(); c != 0 {
+			t.Errorf("an emptied queue kept a slice of capacity %d, above keepJobs (%d)", c, keepJobs)
+		}
+	})
+}
