@@ -666,10 +666,13 @@ func (l *legacyConn) awaitTurns(ctx context.Context, g *legacyGen, rpc <-chan me
 			case m := <-rpc:
 				return m, nil
 			case e, ok := <-errs:
-				if ok {
-					return nil, e
+				if ok || g.isDead() {
+					return nil, l.chanErr(g, e, ok)
 				}
-				return nil, l.waitErr(&g.genEnd)
+				// The channel closed under a live generation: the
+				// application's Close is under way. (waitErr reads why
+				// the generation ended, which only its end makes safe.)
+				return nil, ErrClosedIntentionally
 			case <-done:
 				return nil, nil
 			case <-g.dead:

@@ -39,8 +39,10 @@ import (
 // the channel.close-ok that ends Channel.Close, and the connection's
 // shutdown each run only once the notifications queued before them were
 // handed over, or once closeWait has passed; then what is still queued is
-// dropped, so that a listener nobody reads delays a close by closeWait at
-// most (upstream: 5 s per notification).
+// dropped, so that a listener nobody reads delays a close by closeWait
+// plus the rest of one retry slice (50 ms) at most (upstream: 5 s per
+// notification): a blocked hand-over looks at the close's deadline
+// between slices (TestUnitOutboxSliceSchedule pins it).
 
 // Slices of a blocked hand-over. A blocked send holds the owner's notify
 // lock (read side) for at most one slice, then lets go and tries again. The

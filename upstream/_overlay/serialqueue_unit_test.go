@@ -219,7 +219,7 @@ func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
 // TestUnitSerialQueueMemory pins the queue's memory: a queue that never
 // empties (a job always waiting behind the one running) slides its jobs
 // down instead of growing without bound, an emptied queue keeps a small
-// slice for the next burst, and drops one grown past keepJobs so that a
+// slice for the next burst, and drops one grown past keepItems so that a
 // burst the budget allowed does not stay pinned.
 func TestUnitSerialQueueMemory(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
@@ -227,7 +227,7 @@ func TestUnitSerialQueueMemory(t *testing.T) {
 		capacity := func() int {
 			q.mu.Lock()
 			defer q.mu.Unlock()
-			return cap(q.jobs)
+			return cap(q.jobs.items)
 		}
 		job := func() { time.Sleep(time.Millisecond) }
 		for i := 0; i < 10; i++ {
@@ -247,13 +247,13 @@ func TestUnitSerialQueueMemory(t *testing.T) {
 			t.Error("an emptied small queue dropped its slice: the next burst allocates again")
 		}
 
-		for i := 0; i < 2*keepJobs; i++ {
+		for i := 0; i < 2*keepItems; i++ {
 			q.push(1, job)
 		}
-		time.Sleep(3 * keepJobs * time.Millisecond)
+		time.Sleep(3 * keepItems * time.Millisecond)
 		synctest.Wait()
 		if c := capacity(); c != 0 {
-			t.Errorf("an emptied queue kept a slice of capacity %d, above keepJobs (%d)", c, keepJobs)
+			t.Errorf("an emptied queue kept a slice of capacity %d, above keepItems (%d)", c, keepItems)
 		}
 	})
 }
