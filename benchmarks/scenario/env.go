@@ -26,6 +26,14 @@ type Env struct {
 	Toxiproxy string // Toxiproxy's API URL; empty when none runs
 	Mode      string // the read mode under test
 	Quick     bool   // smoke-test sizes: seconds, not minutes
+	// Messages, when non-zero, overrides the message count of the
+	// scenarios that take one (Count), so that a long measurement can be
+	// shortened on a loaded machine without a rebuild.
+	Messages int
+	// Artefacts is where this run saves files beside the results, as a
+	// path prefix (the results directory and the run's scenario, case,
+	// variant and repetition); empty when the runner asked for none.
+	Artefacts string
 
 	mu       sync.Mutex
 	cleanups []func()
@@ -48,6 +56,27 @@ func (e *Env) DialURL(u string, cfg amqp.Config) (*amqp.Connection, error) {
 		return nil, fmt.Errorf("dial %s mode: %w", e.Mode, err)
 	}
 	return conn, nil
+}
+
+// Count returns the message count of a scenario that takes one: the
+// runner's -n when given, else quick under -quick, else def.
+func (e *Env) Count(def, quick int) int {
+	switch {
+	case e.Messages > 0:
+		return e.Messages
+	case e.Quick:
+		return quick
+	}
+	return def
+}
+
+// ArtefactPath returns the file this run saves an artefact to, named by
+// its suffix (".pprof"), or "" when the runner asked for none.
+func (e *Env) ArtefactPath(suffix string) string {
+	if e.Artefacts == "" {
+		return ""
+	}
+	return e.Artefacts + suffix
 }
 
 // Name returns a unique name for a queue or proxy of this run.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"syscall"
 	"time"
@@ -109,4 +110,121 @@ func vmRSS() (int64, error) {
 		return kb << 10, nil
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/self/status")
+}
+
+// sampleSyscalls returns syscr + syscw from /proc/self/io: the read and
+// write system calls (read, readv, write, writev and kin) made by every
+// thread of the process. Go's socket I/O goes through exactly these, so
+// the count is the client's socket calls, plus the few reads of this
+// file. It does not see futex, epoll_wait, nanosleep or the other calls of
+// the runtime's scheduler; the voluntary context switches of getrusage
+// stand in for those.
+func sampleSyscalls() (int64, error) {
+	b, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return 0, fmt.Errorf("read syscall counts: %w", err)
+	}
+	var total int64
+	found := 0
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		k, v, ok := bytes.Cut(sc.Bytes(), []byte(":"))
+		if !ok || (string(k) != "syscr" && string(k) != "syscw") {
+			continue
+		}
+		n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("parse %s in /proc/self/io: %w", k, err)
+		}
+		total += n
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("no syscr and syscw in /proc/self/io")
+	}
+	return total, nil
+}
+
+// A costMeter measures what one phase of a scenario (a drain, a run of
+// publishes) costs the client: the process's CPU time and voluntary
+// context switches (getrusage), its read and write system calls
+// (/proc/self/io), and, when the runner asked for artefacts, a CPU
+// profile of the phase alone (runtime/pprof), saved beside the results so
+// that a figure can be traced to where the time went. Setup before the
+// phase (a queue filled by another connection, the dial) is not in it.
+type costMeter struct {
+	proc    procSample
+	calls   int64
+	profile *os.File
+}
+
+// startCost collects the setup's garbage, starts the profile if env asks
+// for one (recording its file in res), and takes the opening samples.
+// The caller must call end, or stop, whatever happens.
+func startCost(env *Env, res *Result) (*costMeter, error) {
+	runtime.GC() // no collection of setup garbage inside the phase
+	m := &costMeter{}
+	if path := env.ArtefactPath(".pprof"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return nil, fmt.Errorf("CPU profile: %w", err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("CPU profile: %w", err)
+		}
+		m.profile = f
+		res.Artefacts = append(res.Artefacts, path)
+	}
+	var err error
+	if m.calls, err = sampleSyscalls(); err != nil {
+		m.end()
+		return nil, err
+	}
+	if m.proc, err = sampleProc(); err != nil {
+		m.end()
+		return nil, err
+	}
+	return m, nil
+}
+
+// stop ends the phase after n messages, records in res cpu_s_per_100k,
+// syscalls_per_msg and nvcsw_per_msg, with the totals they come from
+// (phase_s, cpu_s, syscalls, nvcsw), and returns the phase's wall time,
+// from which the scenario reckons its own rate. The samples are taken
+// before the profile stops, whose writing is not the client's cost.
+func (m *costMeter) stop(res *Result, n int) (time.Duration, error) {
+	proc, err := sampleProc()
+	if err != nil {
+		m.end()
+		return 0, err
+	}
+	calls, err := sampleSyscalls()
+	m.end()
+	if err != nil {
+		return 0, err
+	}
+	use := proc.since(m.proc)
+	calls -= m.calls
+	res.Set("messages", float64(n))
+	res.Set("phase_s", use.wall.Seconds())
+	res.Set("cpu_s", use.cpu.Seconds())
+	res.Set("syscalls", float64(calls))
+	res.Set("nvcsw", float64(use.nvcsw))
+	if n > 0 {
+		res.Set("cpu_s_per_100k", use.cpu.Seconds()*100_000/float64(n))
+		res.Set("syscalls_per_msg", float64(calls)/float64(n))
+		res.Set("nvcsw_per_msg", float64(use.nvcsw)/float64(n))
+	}
+	return use.wall, nil
+}
+
+// end stops and saves the profile, if one runs; it may be called again.
+func (m *costMeter) end() {
+	if m.profile == nil {
+		return
+	}
+	pprof.StopCPUProfile()
+	_ = m.profile.Close()
+	m.profile = nil
 }

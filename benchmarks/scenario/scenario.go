@@ -96,7 +96,7 @@ func (s *Scenario) order() int {
 var suiteOrder = []string{
 	"stalled-consumer", "stalled-listener", "throughput", "error-propagation",
 	"bounded-shutdown", "fragmented-frame", "idle-connections", "allocations",
-	"client-throughput", "confirm-wait", "observability",
+	"client-throughput", "confirm-wait", "drain", "roundtrip", "observability",
 }
 
 // CaseList returns s.Cases, or one unnamed case.
@@ -118,6 +118,9 @@ type Result struct {
 	// Lines are log lines it quotes in the report, by name.
 	Timeline []BudgetPoint     `json:"timeline,omitempty"`
 	Lines    map[string]string `json:"lines,omitempty"`
+	// Artefacts are the files the run saved beside the results (a CPU
+	// profile), which the report links to.
+	Artefacts []string `json:"artefacts,omitempty"`
 }
 
 // NewResult returns an empty Result.

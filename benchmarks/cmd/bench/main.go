@@ -42,6 +42,7 @@ func main() {
 	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios to run; empty means all")
 	flag.StringVar(&cfg.variants, "variants", "", "comma-separated variants (pristine,upstream,legacy,drainer); empty means all")
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test sizes: checks the suite runs, measures nothing worth quoting")
+	flag.IntVar(&cfg.messages, "n", 0, "message count for the scenarios that take one (drain, roundtrip); 0 means each one's default")
 	flag.StringVar(&cfg.report, "report", "BENCHMARKS.md", "the Markdown report to write")
 	flag.StringVar(&cfg.results, "results", "benchmarks/results", "directory for the raw JSON and the charts")
 	flag.BoolVar(&cfg.ab, "ab", false, "compare the pristine build with the patched build in -mode through benchstat, instead of writing the report")
@@ -67,6 +68,7 @@ type config struct {
 	scenarios       string
 	variants        string
 	quick           bool
+	messages        int
 	report, results string
 	ab              bool
 	abMode          string
@@ -110,7 +112,15 @@ func runSuite(ctx context.Context, cfg config) error {
 			return err
 		}
 		logf("%d measurements planned", plan.count())
-		runs = plan.execute(ctx, runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick})
+		r := runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick, messages: cfg.messages}
+		if !cfg.ab {
+			// Runs save their artefacts (CPU profiles) beside the results.
+			if err := os.MkdirAll(cfg.results, 0o755); err != nil {
+				return err
+			}
+			r.artefacts = cfg.results
+		}
+		runs = plan.execute(ctx, r)
 	}
 	env.Seconds = time.Since(start).Seconds()
 	env.Reps, env.Quick = cfg.reps, cfg.quick

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -109,6 +111,8 @@ type runner struct {
 	toxiproxy string
 	brokerURL string
 	quick     bool
+	messages  int    // -n, passed on when set
+	artefacts string // the directory runs save artefacts in; empty for none
 }
 
 // execute runs the plan's groups in order.
@@ -148,6 +152,15 @@ func (r runner) measure(ctx context.Context, m measurement) output {
 	args := []string{"-scenario", m.scenario.Name, "-case", m.c, "-mode", m.variant.Mode}
 	if r.quick {
 		args = append(args, "-quick")
+	}
+	if r.messages > 0 {
+		args = append(args, "-n", strconv.Itoa(r.messages))
+	}
+	if r.artefacts != "" {
+		// Named as the charts are, with the variant and repetition: a
+		// run's artefacts are its own.
+		args = append(args, "-artefacts", filepath.Join(r.artefacts,
+			fileName(m.scenario.Name, m.c, m.variant.Name, fmt.Sprintf("rep%d", m.rep+1))))
 	}
 	ctx, cancel := context.WithTimeout(ctx, m.scenario.Timeout+30*time.Second)
 	defer cancel()

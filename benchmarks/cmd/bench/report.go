@@ -126,7 +126,19 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 			for _, e := range cr.Errors {
 				w("- **error**: %s\n", e)
 			}
-			if len(cr.Notes) > 0 || len(cr.Errors) > 0 {
+			var files []string
+			for _, o := range cr.Runs {
+				if o.Result == nil {
+					continue
+				}
+				for _, f := range o.Result.Artefacts {
+					files = append(files, fmt.Sprintf("[%s](%s)", filepath.Base(f), rel(f)))
+				}
+			}
+			if len(files) > 0 {
+				w("- saved by the runs (CPU profiles: `go tool pprof -top FILE`): %s\n", strings.Join(files, ", "))
+			}
+			if len(cr.Notes) > 0 || len(cr.Errors) > 0 || len(files) > 0 {
 				w("\n")
 			}
 		}

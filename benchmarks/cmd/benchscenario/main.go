@@ -31,6 +31,8 @@ func main() {
 	mode := flag.String("mode", readmode.Upstream, "read mode: upstream, legacy or drainer")
 	quick := flag.Bool("quick", false, "smoke-test sizes")
 	list := flag.Bool("list", false, "list the scenarios as JSON and exit")
+	messages := flag.Int("n", 0, "message count for the scenarios that take one; 0 means the scenario's own")
+	artefacts := flag.String("artefacts", "", "path prefix for files the run saves beside the results (CPU profiles); empty saves none")
 	flag.Parse()
 
 	if *list {
@@ -52,7 +54,8 @@ func main() {
 		emit(out)
 		os.Exit(2)
 	}
-	env := &scenario.Env{URL: brokerURL(), Toxiproxy: os.Getenv("TOXIPROXY_URL"), Mode: *mode, Quick: *quick}
+	env := &scenario.Env{URL: brokerURL(), Toxiproxy: os.Getenv("TOXIPROXY_URL"), Mode: *mode, Quick: *quick,
+		Messages: *messages, Artefacts: *artefacts}
 
 	ctx, cancel := context.WithTimeout(context.Background(), timeout(s))
 	defer cancel()
