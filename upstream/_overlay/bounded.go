@@ -126,10 +126,11 @@ func (r *boundedRun) finish() error {
 }
 
 // runBounded runs call bounded by ctx. It returns call's error if call
-// returns first. Otherwise it runs abandon, which must not block, and
-// returns the *RPCError for the caller. A ctx that cannot end (Done nil)
+// returns first. Otherwise it runs abandon, which must not block, with
+// the chan that receives once call has returned, and returns the
+// *RPCError for the caller. A ctx that cannot end (Done nil)
 // runs call on the caller's goroutine: exactly the plain method.
-func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error)) error {
+func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error, ended <-chan struct{})) error {
 	if ctx == nil {
 		return errNilContext
 	}
@@ -153,24 +154,35 @@ func runBounded(ctx context.Context, method string, channel uint16, call func() 
 	default:
 	}
 	cause := context.Cause(ctx)
-	abandon(cause)
+	abandon(cause, r.done) // r is the goroutine's now: never back in the pool
 	return &RPCError{Method: method, Channel: channel, Err: cause, Closed: true}
 }
 
 // bounded runs call, one of ch's synchronous methods, bounded by ctx, and
 // abandons ch if ctx ends first.
 func (ch *Channel) bounded(ctx context.Context, method string, call func() error) error {
-	return runBounded(ctx, method, ch.id, call, func(error) { ch.abandon(method) })
+	return runBounded(ctx, method, ch.id, call, func(_ error, ended <-chan struct{}) { ch.abandonAfter(method, ended) })
 }
 
 // abandon gives up ch after a caller left before the reply to method; see
 // the top of this file. It returns at once; the rest runs on a goroutine.
 // It does nothing when ch is closed or closing already, or was abandoned
 // by another caller.
-func (ch *Channel) abandon(method string) {
+func (ch *Channel) abandon(method string) { ch.abandonAfter(method, nil) }
+
+// abandonAfter is abandon for a call that may not have written its
+// request yet: the call checks that ch is open, then waits for the write
+// lock (in legacy mode, for a read to end), and a stand-in's channel.close
+// written meanwhile would go out before the request, which the broker
+// takes for a method on a closing channel (FuzzBoundedCalls found it on a
+// loaded machine). So the stand-in writes only once the call has returned
+// (ended receives), which the shutdown of ch brings about at once after
+// the call's write: its reply wait ends with the channel. nil: the
+// request is on the wire already.
+func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	if stand := ch.takeOver(); stand != nil {
 		go func() {
-			err := ch.retire(stand, "abandoned "+method)
+			err := ch.retire(stand, "abandoned "+method, ended)
 			stand.closeInBackground(err)
 		}()
 	}
@@ -242,14 +254,20 @@ func (c *Connection) closeStarted() bool {
 
 // retire shuts ch down as Close does (it may wait for a publish in
 // progress to let go of ch.m), then sends channel.close for its id through
-// stand, and returns the send's error.
-func (ch *Channel) retire(stand *Channel, reason string) error {
+// stand, once the abandoned call has returned if ended is not nil, and
+// returns the send's error.
+func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) error {
 	c := ch.connection
 	ch.closeRecovery()
 	ch.lifeCycle.SetState(StateClosing, nil)
 	c.closeChannel(ch, nil) // ch no longer holds its id: this only shuts ch down
 
-	send := func() error { return stand.send(&channelClose{ReplyCode: replySuccess, ReplyText: reason}) }
+	send := func() error {
+		if ended != nil {
+			<-ended // its request, if it was being written, goes first
+		}
+		return stand.send(&channelClose{ReplyCode: replySuccess, ReplyText: reason})
+	}
 	if c.rp != nil {
 		return c.rp.standInSend(send)
 	}

@@ -224,7 +224,7 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 		return nil // closed or closing already, as Close finds it
 	}
 	sent := make(chan error, 1)
-	go func() { sent <- ch.retire(stand, "kthxbai") }()
+	go func() { sent <- ch.retire(stand, "kthxbai", nil) }()
 	giveUp := func() error {
 		go func() { stand.closeInBackground(<-sent) }()
 		return &RPCError{Method: "channel.close", Channel: ch.id, Err: context.Cause(ctx), Closed: true}
@@ -277,7 +277,7 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 			return err
 		}
 		return ch.await(&channelOpenOk{})
-	}, func(error) { go ch.abandonOpen(sent) })
+	}, func(error, <-chan struct{}) { go ch.abandonOpen(sent) })
 	if err != nil {
 		var re *RPCError
 		if !errors.As(err, &re) || !re.Closed {
@@ -310,7 +310,7 @@ func (ch *Channel) abandonOpen(sent <-chan error) {
 func (c *Connection) UpdateSecretWithContext(ctx context.Context, newSecret, reason string) error {
 	const method = "connection.update-secret"
 	return runBounded(ctx, method, 0, func() error { return c.UpdateSecret(newSecret, reason) },
-		func(cause error) { c.abandonConnection(method, cause) })
+		func(cause error, _ <-chan struct{}) { c.abandonConnection(method, cause) })
 }
 
 // CloseWithContext is Close, bounded by ctx. If ctx ends before the
@@ -339,7 +339,7 @@ func (c *Connection) CloseWithContext(ctx context.Context) error {
 		}()
 		return &RPCError{Method: method, Err: context.Cause(ctx), Closed: true}
 	}
-	return runBounded(ctx, method, 0, c.Close, func(error) { go c.closeSocket() })
+	return runBounded(ctx, method, 0, c.Close, func(error, <-chan struct{}) { go c.closeSocket() })
 }
 
 // closeSocket closes the current generation's socket: the reader fails,

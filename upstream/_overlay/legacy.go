@@ -257,7 +257,8 @@ var errInterrupted = errors.New("amqp: read interrupted")
 
 // pump reads until one complete frame is buffered, then dispatches every
 // complete frame. The caller holds the turn. It returns ctx.Err() if ctx
-// ends before a frame is complete, keeping what was read.
+// ends before a frame is complete, keeping what was read, and
+// errInterrupted when a stand-in cut its read short.
 func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 	for {
 		raw, err := g.split.next()
@@ -274,8 +275,14 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := l.readOnce(ctx, g); err != nil && !errors.Is(err, errInterrupted) {
-			return err
+		if err := l.readOnce(ctx, g); err != nil {
+			if !errors.Is(err, errInterrupted) || l.urgent.Load() > 0 {
+				// While a stand-in waits to write an abandoned channel's
+				// close (standInSend), the caller looks at its own outcome
+				// before reading on: it may be the abandoned call, whose
+				// return the stand-in waits for (bounded.go, abandonAfter).
+				return err
+			}
 		}
 	}
 }
@@ -746,8 +753,10 @@ func (l *legacyConn) rpcContext(ctx context.Context, exempt bool) (context.Conte
 // standInSend writes a stand-in's channel.close as AutoDrain writes: it
 // cuts a read in progress short, since in plain legacy mode that read may
 // be the abandoned call's own pump, which reads on for a reply nobody
-// waits for until a frame or the heartbeat deadline ends it. Cut short, it
-// finds its channel shut down and returns. It counts itself among the
+// waits for until a frame or the heartbeat deadline ends it. Cut short,
+// the pump hands back to its caller (pump), which finds its channel shut
+// down and returns; send, which waits for that return before it writes
+// (bounded.go, abandonAfter), then goes ahead. It counts itself among the
 // writers before it takes c.sendM, and cuts the read at once: the holder
 // of sendM may be a plain write that waits for the same read.
 func (l *legacyConn) standInSend(send func() error) error {
