@@ -268,7 +268,7 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 	}
 	tRepair := time.Now()
 	logf("repair")
-	repairCtx, cancelRepair := context.WithTimeout(ctx, 3*time.Minute)
+	repairCtx, cancelRepair := context.WithTimeout(ctx, 5*time.Minute)
 	repairNote, repairErr := f.Repair(repairCtx, c)
 	cancelRepair()
 	if repairErr != nil {

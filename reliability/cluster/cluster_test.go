@@ -88,24 +88,35 @@ func TestFaults(t *testing.T) {
 	cfg := clusterfaults.Config{Cluster: c, Logf: t.Logf}
 	faults := clusterfaults.Faults(12 * time.Second)
 	var all []clusterfaults.Result
+	var failures []string
 	for round := 1; round <= n; round++ {
 		for _, f := range faults {
-			ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 			res := clusterfaults.RunCell(ctx, cfg, f, round)
 			cancel()
 			all = append(all, res...)
-			check(t, cfg, res)
+			failures = append(failures, check(t, cfg, res)...)
 		}
 	}
 	table := "Faults:\n\n" + clusterfaults.Legend(faults) + "\n" + clusterfaults.Table(cfg, all)
 	t.Log("\n" + table)
 	writeReport(t, table)
+	// Again after the table, so that the end of a long log (all a CI
+	// summary may keep) says which checks failed.
+	for _, f := range failures {
+		t.Errorf("%s", f)
+	}
 }
 
-// check asserts what the suite guarantees, with generous bounds; the
-// timing targets are the benchmark's.
-func check(t *testing.T, cfg clusterfaults.Config, res []clusterfaults.Result) {
+// check returns what the suite guarantees and res breaks, with generous
+// bounds (the timing targets are the benchmark's), and logs each as it
+// is found.
+func check(t *testing.T, cfg clusterfaults.Config, res []clusterfaults.Result) (failures []string) {
 	t.Helper()
+	fail := func(format string, args ...any) {
+		failures = append(failures, fmt.Sprintf(format, args...))
+		t.Log("FAILED CHECK: " + failures[len(failures)-1])
+	}
 	for _, r := range res {
 		cell := fmt.Sprintf("fault %s round %d %s", r.Fault.ID, r.Round, r.Variant.Name)
 		if r.RepairNote != "" {
@@ -123,29 +134,30 @@ func check(t *testing.T, cfg clusterfaults.Config, res []clusterfaults.Result) {
 			continue
 		}
 		if r.Err != nil {
-			t.Errorf("%s: %v", cell, r.Err)
+			fail("%s: %v", cell, r.Err)
 		}
 		if r.Lost > 0 {
-			t.Errorf("%s: %d confirmed messages neither consumed nor in the queue, e.g. %v", cell, r.Lost, r.LostIDs)
+			fail("%s: %d confirmed messages neither consumed nor in the queue, e.g. %v", cell, r.Lost, r.LostIDs)
 		}
 		if r.Phantoms > 0 {
-			t.Errorf("%s: %d messages found that were never published", cell, r.Phantoms)
+			fail("%s: %d messages found that were never published", cell, r.Phantoms)
 		}
 		if r.Confirmed == 0 {
-			t.Errorf("%s: nothing confirmed", cell)
+			fail("%s: nothing confirmed", cell)
 		}
 		if !r.Resumed {
-			t.Errorf("%s: publishing did not resume within %v of the fault", cell, 30*time.Second)
+			fail("%s: publishing did not resume within %v of the fault", cell, 30*time.Second)
 		}
 		// Every publish call returns by its own deadline (30 s), give or
 		// take scheduling.
 		if r.Longest > 35*time.Second {
-			t.Errorf("%s: a publish call took %v, past its 30 s deadline", cell, r.Longest)
+			fail("%s: a publish call took %v, past its 30 s deadline", cell, r.Longest)
 		}
 		if r.Fault.CloseDuring && r.Close > 2*time.Second+5*time.Second {
-			t.Errorf("%s: Close during the cut took %v; CloseTimeout is 2 s", cell, r.Close)
+			fail("%s: Close during the cut took %v; CloseTimeout is 2 s", cell, r.Close)
 		}
 	}
+	return failures
 }
 
 // writeReport leaves the table under .cache/cluster for the README.
