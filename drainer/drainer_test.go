@@ -280,19 +280,24 @@ func TestBlackholeIsDetected(t *testing.T) {
 // connection costs exactly one, which both reads and sends heartbeats.
 func TestOneGoroutinePerIdleConnection(t *testing.T) {
 	settle := func() int {
-		// Transient goroutines (dispatchers, outboxes) end on their own:
-		// poll until the count holds still between two ticks.
+		// Transient goroutines end on their own: outboxes once empty,
+		// channel dispatchers a second after their last frame (they park
+		// for the next burst). Poll until the count holds still for two
+		// seconds.
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
-		deadline := time.Now().Add(5 * time.Second)
-		prev := runtime.NumGoroutine()
+		deadline := time.Now().Add(15 * time.Second)
+		prev, still := runtime.NumGoroutine(), 0
 		for time.Now().Before(deadline) {
 			<-tick.C
 			n := runtime.NumGoroutine()
-			if n == prev {
+			if n != prev {
+				prev, still = n, 0
+				continue
+			}
+			if still++; still == 20 {
 				return n
 			}
-			prev = n
 		}
 		return prev
 	}

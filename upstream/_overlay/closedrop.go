@@ -35,26 +35,20 @@ func isClosing(closing <-chan struct{}) bool {
 }
 
 // dropAfterClose runs in a consumer's buffer once Close has begun: it
-// releases what the buffer holds, then takes and drops whatever is still
-// sent to it, without handing anything to the application, until the
-// consumer ends (cancelled, or the teardown). The buffer's deferred calls
-// then close the application's chan, at the teardown as upstream's.
-func (subs *consumers) dropAfterClose(in <-chan *Delivery, queue []*Delivery, st *bufferStat) {
+// releases what the inbox holds, then drops whatever still arrives,
+// without handing anything to the application, until the consumer ends
+// (cancelled, or the teardown). The buffer's deferred calls then close the
+// application's chan, at the teardown as upstream's. in is nil once a
+// cancel closed it.
+func (subs *consumers) dropAfterClose(in chan *Delivery, box *inbox) {
 	acct := subs.acct
-	var cost int64
-	for i, d := range queue {
-		cost += deliveryCost(d)
-		queue[i] = nil
-	}
-	st.cleared()
-	acct.budget.release(cost)
-	if in == nil {
-		return
-	}
-	for {
+	acct.budget.release(box.clear())
+	for in != nil {
 		select {
 		case <-subs.closed:
 			return
+		case <-box.wake:
+			acct.budget.release(box.clear())
 		case d, ok := <-in:
 			if !ok {
 				return

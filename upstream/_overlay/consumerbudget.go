@@ -25,6 +25,7 @@ type deliveryAcct struct {
 	channel uint16
 	obs     *Observer
 	closing <-chan struct{} // closed when Close begins (closedrop.go)
+	inboxes inboxes         // each consumer's queue of deliveries (inbox.go)
 }
 
 // makeConsumers builds a channel's consumer registry, tied to the read
@@ -52,72 +53,71 @@ func (subs *consumers) bufferFor(tag string, in chan *Delivery, out chan Deliver
 	subs.budgetedBuffer(tag, in, out)
 }
 
-// budgetedBuffer is upstream's buffer loop with accounting: what leaves the
-// queue, handed over or dropped, is released from the budget.
+// budgetedBuffer is upstream's buffer loop over the consumer's inbox
+// (inbox.go), with accounting: what leaves the inbox, handed over or
+// dropped, is released from the budget. As upstream's, it hands over what
+// was queued before a cancel and then closes the application's chan, and
+// drops what is queued when the channel closes.
 func (subs *consumers) budgetedBuffer(tag string, in chan *Delivery, out chan Delivery) {
 	defer close(out)
 	defer subs.Done()
 
 	acct := subs.acct
-	st := acct.buffers.add(acct.channel, tag)
-	defer acct.buffers.remove(st)
+	box := acct.inboxOf(in, tag)
+	defer acct.forget(in, box)
+	defer func() { acct.budget.release(box.clear()) }() // dropped at close, as upstream drops them
+	box.attach(out)
+	defer box.detach() // before close(out): no hand-over may follow it
 
-	inflight := in
-	var queue []*Delivery
-	var ats []int64 // when each of queue arrived (monoNow)
-	push := func(d *Delivery) {
-		queue = append(queue, d)
-		ats = append(ats, monoNow())
-		st.pushed(deliveryCost(d), ats[0])
-		if w := acct.buffers.watch; w != nil {
-			w.consumerQueued(st)
-		}
-	}
-	defer func() {
-		// Dropped at close, as upstream drops them.
-		var cost int64
-		for _, d := range queue {
-			cost += deliveryCost(d)
-		}
-		acct.budget.release(cost)
-	}()
-
-	for delivery := range in {
-		push(delivery)
-		for len(queue) > 0 {
-			if isClosing(acct.closing) { // nothing more for the application (closedrop.go)
-				subs.dropAfterClose(inflight, queue, st)
-				queue = nil
-				return
+	inflight := in // closed by a cancel; nothing is sent on it but by upstream's send
+	for {
+		next, ok := box.front()
+		if !ok {
+			if inflight == nil {
+				return // cancelled, and everything queued before was handed over
 			}
 			select {
 			case <-subs.closed:
 				return
 			case <-acct.closing:
-				continue
-			case delivery, consuming := <-inflight:
-				if consuming {
-					push(delivery)
-				} else {
-					inflight = nil
-				}
-			case out <- *queue[0]:
-				cost := deliveryCost(queue[0])
-				queue[0] = nil // let the GC have it: see upstream's buffer
-				queue, ats = queue[1:], ats[1:]
-				var oldest int64
-				if len(ats) > 0 {
-					oldest = ats[0]
-				}
-				st.popped(cost, oldest)
-				acct.budget.release(cost)
+				subs.dropAfterClose(inflight, box)
+				return
+			case <-box.wake:
+			case d, consuming := <-inflight:
+				inflight = subs.received(box, inflight, d, consuming)
 			}
+			continue
+		}
+		if isClosing(acct.closing) { // nothing more for the application (closedrop.go)
+			subs.dropAfterClose(inflight, box)
+			return
+		}
+		select {
+		case <-subs.closed:
+			return
+		case <-acct.closing:
+		case d, consuming := <-inflight:
+			inflight = subs.received(box, inflight, d, consuming)
+		case out <- *next.d:
+			acct.budget.release(box.drop())
 		}
 	}
 }
 
-// deliver hands a delivery to its consumer's buffer, charged to the budget
-// until the application receives it.
+// received takes what upstream's send handed the buffer on its inbound
+// chan (the read paths deliver through the inbox instead), and returns the
+// chan to keep receiving from: nil once a cancel closed it.
+func (subs *consumers) received(box *inbox, in chan *Delivery, d *Delivery, ok bool) chan *Delivery {
+	if !ok {
+		return nil
+	}
+	box.put(d, deliveryCost(d), subs.acct.budget)
+	return in
+}
+
+// deliver hands a delivery to the application if it waits for one, else
+// to its consumer's inbox, charged to the budget until the application
+// receives it. It never waits for the application.
 func (subs *consumers) deliver(tag string, d *Delivery) {
 	acct := subs.acct
 	if acct.obs != nil && acct.obs.Delivered != nil {
@@ -126,12 +126,19 @@ func (subs *consumers) deliver(tag string, d *Delivery) {
 	if isClosing(acct.closing) {
 		return // Close has begun: dropped (closedrop.go)
 	}
-	cost := deliveryCost(d)
-	acct.budget.charge(cost)
-	if !subs.send(tag, d) {
+	subs.Lock()
+	defer subs.Unlock()
+	in, found := subs.chans[tag]
+	if !found {
 		// No such consumer (cancelled with deliveries in flight): dropped,
 		// as upstream drops it.
-		acct.budget.release(cost)
+		return
+	}
+	box := acct.inboxOf(in, tag)
+	if box.put(d, deliveryCost(d), acct.budget) {
+		if w := acct.buffers.watch; w != nil {
+			w.consumerQueued(box.st)
+		}
 	}
 }
 

@@ -4,7 +4,10 @@
 package amqp091
 
 import (
+	"bytes"
 	"fmt"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -90,12 +93,13 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 		var outer sync.Mutex
 		var retirements int
 		q := &serialQueue{budget: newBudget(1<<20, 1<<19), outer: &outer}
-		q.retired = func() {
+		q.retired = func() bool {
 			if outer.TryLock() {
 				outer.Unlock()
 				t.Error("retired ran without the outer lock: a push could race it")
 			}
 			retirements++
+			return true
 		}
 		var order []string
 		pushLocked := func(name string, run func()) { // outer held
@@ -118,8 +122,8 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 		outer.Unlock()
 		synctest.Wait()
 		outer.Lock()
-		if q.queueRunning() || retirements != 1 {
-			t.Errorf("after the first burst: running %v, %d retirements; want false, 1", q.queueRunning(), retirements)
+		if !q.idle() || retirements != 1 {
+			t.Errorf("after the first burst: running %v, %d retirements; want false, 1", !q.idle(), retirements)
 		}
 		outer.Unlock()
 
@@ -127,7 +131,7 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 		push("d", func() { time.Sleep(time.Second) })
 		push("e", nil)
 		outer.Lock()
-		if !q.queueRunning() {
+		if !!q.idle() {
 			t.Error("a push to an idle queue did not start its goroutine")
 		}
 		outer.Unlock()
@@ -137,8 +141,8 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 		synctest.Wait()
 		outer.Lock()
 		defer outer.Unlock()
-		if q.queueRunning() || retirements != 2 {
-			t.Errorf("after the second burst: running %v, %d retirements; want false, 2", q.queueRunning(), retirements)
+		if !q.idle() || retirements != 2 {
+			t.Errorf("after the second burst: running %v, %d retirements; want false, 2", !q.idle(), retirements)
 		}
 		if got := fmt.Sprint(order); got != "[a b c d e f]" {
 			t.Errorf("ran %s, want [a b c d e f]", got)
@@ -155,7 +159,11 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 // Every job runs exactly once, each producer's jobs in its order, and the
 // budget and work count end at zero.
 func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
-	for _, withOuter := range []bool{true, false} {
+	for _, c := range []struct {
+		withOuter bool
+		linger    time.Duration
+	}{{true, 0}, {false, 0}, {true, 2 * time.Millisecond}, {false, 3 * time.Millisecond}} {
+		withOuter := c.withOuter
 		inBubble(t, func(t *testing.T) {
 			const producers, jobs = 8, 200
 			var (
@@ -166,7 +174,8 @@ func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
 			b := newBudget(1<<20, 1<<19)
 			q := &serialQueue{budget: b, work: &work}
 			var retirements atomic.Int32
-			q.retired = func() { retirements.Add(1) }
+			q.retired = func() bool { retirements.Add(1); return true }
+			q.linger = c.linger // parks, and retires after a pause longer than it
 			if withOuter {
 				q.outer = &outer
 			}
@@ -206,8 +215,9 @@ func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
 					}
 				}
 			}
-			if used := b.usedNow(); used != 0 || q.queueRunning() {
-				t.Errorf("outer %v: budget %d, running %v at the end", withOuter, used, q.queueRunning())
+			time.Sleep(c.linger) // the goroutine retires
+			if used := b.usedNow(); used != 0 || !q.idle() {
+				t.Errorf("outer %v: budget %d, running %v at the end", withOuter, used, !q.idle())
 			}
 			if r := retirements.Load(); r < 2 {
 				t.Errorf("outer %v: the queue retired %d times: the test did not exercise restarts", withOuter, r)
@@ -256,4 +266,94 @@ func TestUnitSerialQueueMemory(t *testing.T) {
 			t.Errorf("an emptied queue kept a slice of capacity %d, above keepItems (%d)", c, keepItems)
 		}
 	})
+}
+
+// TestUnitSerialQueueParks pins the dispatcher's linger (issue #18): after
+// a burst the goroutine parks, a push within the linger wakes that same
+// goroutine (no new one), it retires once the linger passes without a
+// push, at once when ended closes, and when retired says the queue is no
+// longer wanted. The bubble ending without a deadlock shows that no
+// parked goroutine outlives these.
+func TestUnitSerialQueueParks(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		ended := make(chan struct{})
+		keep := true
+		var starts atomic.Int32
+		q := &serialQueue{budget: newBudget(1<<20, 1<<19), linger: time.Second,
+			ended: func() <-chan struct{} { return ended }, retired: func() bool { return keep }}
+		isParked := func() bool {
+			q.mu.Lock()
+			defer q.mu.Unlock()
+			return q.parked
+		}
+		var gids []uint64
+		job := func() {
+			gids = append(gids, goid())
+		}
+		push := func() {
+			if q.idle() && !isParked() {
+				starts.Add(1)
+			}
+			q.push(1, job)
+		}
+
+		push()
+		push()
+		synctest.Wait()
+		if !isParked() {
+			t.Fatal("after a burst the goroutine did not park")
+		}
+		time.Sleep(900 * time.Millisecond)
+		push() // within the linger: the parked goroutine takes it
+		synctest.Wait()
+		if n := starts.Load(); n != 1 {
+			t.Errorf("%d goroutine starts for two bursts within the linger, want 1", n)
+		}
+		if gids[0] != gids[2] {
+			t.Error("the second burst ran on another goroutine")
+		}
+		time.Sleep(1100 * time.Millisecond) // the linger passes
+		synctest.Wait()
+		if isParked() || !q.idle() {
+			t.Error("the goroutine did not retire after the linger")
+		}
+
+		push() // starts another, which parks
+		synctest.Wait()
+		if n := starts.Load(); n != 2 || !isParked() {
+			t.Errorf("after the linger a push started %d goroutines in all (want 2), parked %v", n, isParked())
+		}
+		close(ended)
+		synctest.Wait()
+		if isParked() {
+			t.Error("a parked goroutine did not retire when ended closed")
+		}
+
+		ended = make(chan struct{})
+		keep = false
+		push() // retired says no: retires at once, without parking
+		synctest.Wait()
+		if isParked() {
+			t.Error("parked although retired did not keep the queue")
+		}
+		keep = true
+		push()
+		synctest.Wait()
+		q.unpark() // as an outbox's retirement does: looks again, and parks again
+		synctest.Wait()
+		if !isParked() || len(gids) != 6 {
+			t.Errorf("after unpark: parked %v, %d jobs ran (want true, 6)", isParked(), len(gids))
+		}
+		close(ended)
+	})
+}
+
+// goid returns the calling goroutine's id, read from its stack header.
+func goid() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	b = b[:bytes.IndexByte(b, ' ')]
+	n, _ := strconv.ParseUint(string(b), 10, 64)
+	return n
 }

@@ -47,6 +47,7 @@ func main() {
 	flag.StringVar(&cfg.results, "results", "benchmarks/results", "directory for the raw JSON and the charts")
 	flag.BoolVar(&cfg.ab, "ab", false, "compare the pristine build with the patched build in -mode through benchstat, instead of writing the report")
 	flag.StringVar(&cfg.abMode, "mode", "drainer", "with -ab: the patched build's read mode")
+	flag.StringVar(&cfg.baseline, "baseline", "", "a benchscenario binary built from an earlier commit (scripts/bench-baseline REV prints one): each patched variant also runs in it, as <variant>-old, alternated with this build's")
 	flag.BoolVar(&cfg.render, "render", false, "measure nothing: rewrite the report and the charts from -results' results.json (after a change to the report's code)")
 	flag.Parse()
 
@@ -73,6 +74,7 @@ type config struct {
 	ab              bool
 	abMode          string
 	render          bool
+	baseline        string
 }
 
 func runSuite(ctx context.Context, cfg config) error {
@@ -81,6 +83,7 @@ func runSuite(ctx context.Context, cfg config) error {
 	}
 	start := time.Now()
 	bins, err := buildBinaries(ctx)
+	bins.baseline = cfg.baseline
 	if err != nil {
 		return err
 	}
@@ -165,8 +168,9 @@ func runSuite(ctx context.Context, cfg config) error {
 	return nil
 }
 
-// binaries are the two builds of the scenario program.
-type binaries struct{ pristine, patched string }
+// binaries are the builds of the scenario program: pristine, patched, and
+// optionally a patched build of an earlier commit (-baseline).
+type binaries struct{ pristine, patched, baseline string }
 
 // buildBinaries compiles the scenario program against both trees.
 func buildBinaries(ctx context.Context) (binaries, error) {
@@ -197,8 +201,10 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
 }
 
-// variantsFor returns the variants a scenario runs in, filtered by -variants.
-func variantsFor(modes []string, filter string) []scenario.Variant {
+// variantsFor returns the variants a scenario runs in, filtered by
+// -variants; with baseline, each patched variant is followed by its run in
+// the baseline build (<name>-old).
+func variantsFor(modes []string, filter string, baseline bool) []scenario.Variant {
 	var out []scenario.Variant
 	for _, v := range scenario.Variants {
 		if filter != "" && !contains(strings.Split(filter, ","), v.Name) {
@@ -208,6 +214,9 @@ func variantsFor(modes []string, filter string) []scenario.Variant {
 			continue
 		}
 		out = append(out, v)
+		if baseline && v.Build == "patched" {
+			out = append(out, scenario.Variant{Name: v.Name + "-old", Build: "baseline", Mode: v.Mode})
+		}
 	}
 	return out
 }

@@ -74,7 +74,7 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 		if s.QuickReps > 0 && cfg.quick {
 			reps = s.QuickReps
 		}
-		variants := variantsFor(s.Modes, cfg.variants)
+		variants := variantsFor(s.Modes, cfg.variants, cfg.baseline != "")
 		if cfg.ab {
 			variants = abVariants(variants, cfg.abMode)
 		}
@@ -146,8 +146,11 @@ func (p plan) execute(ctx context.Context, r runner) []run {
 // itself; the runner kills it only if it overruns that bound too.
 func (r runner) measure(ctx context.Context, m measurement) output {
 	bin := r.bins.patched
-	if m.variant.Build == "pristine" {
+	switch m.variant.Build {
+	case "pristine":
 		bin = r.bins.pristine
+	case "baseline":
+		bin = r.bins.baseline
 	}
 	args := []string{"-scenario", m.scenario.Name, "-case", m.c, "-mode", m.variant.Mode}
 	if r.quick {
