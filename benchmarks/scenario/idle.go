@@ -30,8 +30,8 @@ const (
 	// idleWindow is E's measuring window, six heartbeat intervals.
 	idleWindow = 30 * time.Second
 	// idleSettle lets the handshakes' last frames and goroutines (the
-	// drainer's per-channel dispatchers, which end when idle) die down
-	// before anything is measured.
+	// drainer's per-channel dispatchers, which retire a second after
+	// their channel's last frame) die down before anything is measured.
 	idleSettle = 2 * time.Second
 	// idleWorkers bounds the probes and closes in flight at once.
 	idleWorkers = 32

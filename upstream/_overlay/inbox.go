@@ -17,8 +17,9 @@ import "sync"
 
 // inbox is one consumer's queue of deliveries not yet handed over.
 type inbox struct {
-	st   *bufferStat   // what Stats reads of it
-	wake chan struct{} // a token when a put found the taker parked
+	st      *bufferStat     // what Stats reads of it
+	wake    chan struct{}   // a token when a put found the taker parked
+	closing <-chan struct{} // closed when Close begins: no more direct hand-overs (closedrop.go)
 
 	mu sync.Mutex
 	q  runQueue[inboxItem] // running: the taker is not parked
@@ -47,7 +48,7 @@ type inboxItem struct {
 // put holds the lock.
 func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 	b.mu.Lock()
-	if b.out != nil && len(b.q.queued()) == 0 {
+	if b.out != nil && len(b.q.queued()) == 0 && !isClosing(b.closing) {
 		select {
 		case b.out <- *d:
 			b.mu.Unlock()
@@ -137,7 +138,7 @@ func (acct *deliveryAcct) inboxOf(in chan *Delivery, tag string) *inbox {
 	if ib.all == nil {
 		ib.all = map[chan *Delivery]*inbox{}
 	}
-	b := &inbox{st: acct.buffers.add(acct.channel, tag), wake: make(chan struct{}, 1)}
+	b := &inbox{st: acct.buffers.add(acct.channel, tag), wake: make(chan struct{}, 1), closing: acct.closing}
 	ib.all[in] = b
 	return b
 }

@@ -131,7 +131,7 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 		push("d", func() { time.Sleep(time.Second) })
 		push("e", nil)
 		outer.Lock()
-		if !!q.idle() {
+		if q.idle() {
 			t.Error("a push to an idle queue did not start its goroutine")
 		}
 		outer.Unlock()
