@@ -19,6 +19,9 @@ type Variant struct {
 	Name  string `json:"name"`  // pristine, upstream, legacy or drainer
 	Build string `json:"build"` // pristine or patched
 	Mode  string `json:"mode"`  // upstream, legacy or drainer
+	// Env is added to the scenario process's environment: a variant of
+	// a mode with an option on (the runner's -coalesce).
+	Env []string `json:"env,omitempty"`
 }
 
 // A Report says how BENCHMARKS.md presents a scenario: a table with a row

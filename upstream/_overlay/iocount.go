@@ -16,6 +16,8 @@ import (
 type ioCounters struct {
 	bytesIn, framesIn   atomic.Uint64
 	bytesOut, framesOut atomic.Uint64
+	writes              atomic.Uint64 // socketWriter writes: a write or writev system call each
+	coalesced           atomic.Uint64 // publishes written by another publisher (groupcommit.go)
 
 	// Frames out are counted by following the frame boundaries of the
 	// written stream: upstream's writer hands the socket bytes, not frames.
@@ -66,6 +68,7 @@ func (c *ioCounters) restart() {
 func (c *ioCounters) fill(s *Stats) {
 	s.BytesIn, s.FramesIn = c.bytesIn.Load(), c.framesIn.Load()
 	s.BytesOut, s.FramesOut = c.bytesOut.Load(), c.framesOut.Load()
+	s.Writes, s.CoalescedPublishes = c.writes.Load(), c.coalesced.Load()
 }
 
 // frameTally follows frame boundaries in a byte stream: each frame is a

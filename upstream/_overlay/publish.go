@@ -174,9 +174,14 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 	}
 	pb.encodeBody(ch.id, body, size)
 
-	c.sendM.Lock()
-	err := c.writePublish(pb)
-	c.sendM.Unlock()
+	var err error
+	if c.rp.base().coalesce {
+		err = c.writePublishGrouped(pb) // groupcommit.go
+	} else {
+		c.sendM.Lock()
+		err = c.writePublish(pb)
+		c.sendM.Unlock()
+	}
 
 	if err != nil {
 		// shutdown could be re-entrant from signaling notify chans

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -756,4 +757,162 @@ func TestPublishEncodingErrorShutsDown(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gatedRWC holds every Write while its gate is shut, and can fail them.
+type gatedRWC struct {
+	io.ReadWriteCloser
+	mu      sync.Mutex
+	shut    chan struct{} // nil: open
+	entered chan struct{} // a token per Write held at the gate
+	fail    error
+}
+
+func (g *gatedRWC) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	shut := g.shut
+	g.mu.Unlock()
+	if shut != nil {
+		g.entered <- struct{}{}
+		<-shut
+	}
+	g.mu.Lock()
+	fail := g.fail
+	g.mu.Unlock()
+	if fail != nil {
+		return 0, fail
+	}
+	return g.ReadWriteCloser.Write(p)
+}
+
+// TestPublishGroupCommit: publishers of one connection that arrive while
+// another publisher writes go out together, in the next write (issue
+// #18), each publish intact; and when that write fails, every publisher
+// in it gets the error.
+func TestPublishGroupCommit(t *testing.T) {
+	coalescing := []ReadPath{Drainer(DrainerOptions{CoalescePublishes: true}), Legacy(LegacyOptions{CoalescePublishes: true})}
+	for _, rp := range coalescing {
+		for _, failing := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/failing=%v", rp.Mode(), failing), func(t *testing.T) {
+				testPublishGroupCommit(t, rp, failing)
+			})
+		}
+	}
+}
+
+func testPublishGroupCommit(t *testing.T, rp ReadPath, failing bool) {
+	const channels = 6
+	rwc, srv := newSession(t)
+	gate := &gatedRWC{ReadWriteCloser: rwc, entered: make(chan struct{}, 1)}
+	t.Cleanup(func() { gate.Close() })
+	bodies := make(chan [2]int, channels) // channel, body length
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.connectionOpen()
+		for i := 1; i <= channels; i++ {
+			srv.channelOpen(i)
+		}
+		if failing {
+			return
+		}
+		// Each publish arrives whole: method, header and body frames of
+		// one channel, none interleaved with another's.
+		for i := 0; i < channels; i++ {
+			m, err := srv.r.ReadFrame()
+			if err != nil {
+				t.Errorf("server: %v", err)
+				return
+			}
+			id := int(m.channel())
+			h, _ := srv.r.ReadFrame()
+			b, _ := srv.r.ReadFrame()
+			bf, ok := b.(*bodyFrame)
+			if _, isHeader := h.(*headerFrame); !isHeader || !ok || h.channel() != m.channel() || b.channel() != m.channel() {
+				t.Errorf("server: a publish on channel %d came in pieces: %T %T", id, h, b)
+				return
+			}
+			bodies <- [2]int{id, len(bf.Body)}
+		}
+		srv.connectionClose()
+	}()
+
+	cfg := defaultConfig()
+	cfg.ReadPath = rp
+	c, err := Open(gate, cfg)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	chans := make([]*Channel, channels)
+	for i := range chans {
+		if chans[i], err = c.Channel(); err != nil {
+			t.Fatalf("Channel: %v", err)
+		}
+	}
+
+	gate.mu.Lock()
+	gate.shut = make(chan struct{})
+	if failing {
+		gate.fail = errors.New("socket broken")
+	}
+	gate.mu.Unlock()
+	errs := make(chan error, channels)
+	publish := func(i int) {
+		errs <- chans[i].PublishWithContext(context.Background(), "", "q", false, false,
+			Publishing{Body: bytes.Repeat([]byte{'x'}, i+1)})
+	}
+	go publish(0)
+	<-gate.entered // the first holds the lock, in its write
+	for i := 1; i < channels; i++ {
+		go publish(i)
+	}
+	g := &c.rp.base().group
+	joined := func() int {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if g.next == nil {
+			return 0
+		}
+		return g.next.n
+	}
+	for deadline := time.Now().Add(10 * time.Second); joined() != channels-1; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d publishers joined the next write", joined(), channels-1)
+		}
+		runtime.Gosched()
+	}
+	gate.mu.Lock()
+	close(gate.shut)
+	gate.shut = nil
+	gate.mu.Unlock()
+
+	for i := 0; i < channels; i++ {
+		err := <-errs
+		switch {
+		case failing && (err == nil || !strings.Contains(err.Error(), "socket broken") && !errors.Is(err, ErrClosed)):
+			t.Errorf("a publish in a failed write returned %v", err)
+		case !failing && err != nil:
+			t.Errorf("publish: %v", err)
+		}
+	}
+	// The five that arrived during the first write went out in one
+	// write, made by the first of them: four in another's.
+	if n := c.Stats().CoalescedPublishes; n != channels-2 {
+		t.Errorf("%d publishes coalesced, want %d", n, channels-2)
+	}
+	if failing {
+		return
+	}
+	seen := map[int]bool{}
+	for i := 0; i < channels; i++ {
+		b := <-bodies
+		if b[1] != b[0] || seen[b[0]] {
+			t.Errorf("channel %d: body of %d bytes, or twice", b[0], b[1])
+		}
+		seen[b[0]] = true
+	}
+	if err := c.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	<-served
 }

@@ -81,6 +81,8 @@ type readBase struct {
 	closeIntent // Close was called: waiters get ErrClosedIntentionally
 	blocks      blockGate
 	pub         publishOut // the generation's socket writer, under c.sendM (publish.go)
+	group       writeGroup // publishes written together (groupcommit.go)
+	coalesce    bool       // the options' CoalescePublishes
 
 	io      ioCounters   // bytes and frames, for Stats
 	buffers bufferSet    // consumer buffers, for Stats
@@ -245,6 +247,7 @@ func (w *socketWriter) Write(p []byte) (int, error) {
 		defer w.guard.unlock()
 	}
 	n, err := w.conn.Write(p)
+	w.counts.writes.Add(1)
 	w.counts.wrote(p[:n])
 	if n > 0 {
 		w.sent(int64(n))
@@ -261,6 +264,7 @@ func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	}
 	w.counts.writingVectors(*v)
 	n, err := v.WriteTo(w.conn)
+	w.counts.writes.Add(1)
 	w.counts.wroteBytes(n)
 	if n > 0 {
 		w.sent(n)

@@ -20,6 +20,14 @@ type Stats struct {
 	// it dispatches); the others stay 0.
 	BytesIn, BytesOut   uint64
 	FramesIn, FramesOut uint64
+	// Writes counts the writes of frames to the socket in the drainer
+	// and legacy modes (a write or writev system call each; heartbeats
+	// are not counted), and CoalescedPublishes the publishes that went
+	// out in the same write as another publisher's (the group commit:
+	// publishers that meet at the connection's write lock share one
+	// write). Upstream mode counts neither.
+	Writes             uint64
+	CoalescedPublishes uint64
 
 	// Budget is the drainer's memory budget. In legacy mode Limit is 0
 	// (legacy never stops reading for memory: the caller reads) and Used

@@ -30,16 +30,16 @@ func TestVariantFilters(t *testing.T) {
 		}
 		return out
 	}
-	if got := names(variantsFor(nil, "", false)); len(got) != 4 {
+	if got := names(variantsFor(nil, "", false, false)); len(got) != 4 {
 		t.Errorf("all variants: %v", got)
 	}
-	if got := names(variantsFor([]string{"drainer", "upstream"}, "", false)); len(got) != 3 || got[2] != "drainer" {
+	if got := names(variantsFor([]string{"drainer", "upstream"}, "", false, false)); len(got) != 3 || got[2] != "drainer" {
 		t.Errorf("modes drainer+upstream: %v, want pristine, upstream, drainer", got)
 	}
-	if got := names(variantsFor(nil, "legacy,drainer", false)); len(got) != 2 {
+	if got := names(variantsFor(nil, "legacy,drainer", false, false)); len(got) != 2 {
 		t.Errorf("-variants legacy,drainer: %v", got)
 	}
-	if got := names(variantsFor(nil, "drainer,pristine", true)); fmt.Sprint(got) != "[pristine drainer drainer-old]" {
+	if got := names(variantsFor(nil, "drainer,pristine", true, false)); fmt.Sprint(got) != "[pristine drainer drainer-old]" {
 		t.Errorf("with a baseline: %v, want [pristine drainer drainer-old]", got)
 	}
 	if got := names(abVariants(scenario.Variants, "legacy")); len(got) != 2 || got[0] != "pristine" || got[1] != "legacy" {

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/readmode"
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/toxi"
 )
@@ -48,6 +49,7 @@ func main() {
 	flag.BoolVar(&cfg.ab, "ab", false, "compare the pristine build with the patched build in -mode through benchstat, instead of writing the report")
 	flag.StringVar(&cfg.abMode, "mode", "drainer", "with -ab: the patched build's read mode")
 	flag.StringVar(&cfg.baseline, "baseline", "", "a benchscenario binary built from an earlier commit (scripts/bench-baseline REV prints one): each patched variant also runs in it, as <variant>-old, alternated with this build's")
+	flag.BoolVar(&cfg.coalesce, "coalesce", false, "also run the drainer and legacy variants with CoalescePublishes on, as drainer-coalesce and legacy-coalesce")
 	flag.BoolVar(&cfg.render, "render", false, "measure nothing: rewrite the report and the charts from -results' results.json (after a change to the report's code)")
 	flag.Parse()
 
@@ -75,6 +77,7 @@ type config struct {
 	abMode          string
 	render          bool
 	baseline        string
+	coalesce        bool
 }
 
 func runSuite(ctx context.Context, cfg config) error {
@@ -203,8 +206,9 @@ func logf(format string, args ...any) {
 
 // variantsFor returns the variants a scenario runs in, filtered by
 // -variants; with baseline, each patched variant is followed by its run in
-// the baseline build (<name>-old).
-func variantsFor(modes []string, filter string, baseline bool) []scenario.Variant {
+// the baseline build (<name>-old), and with coalesce, each drainer and
+// legacy variant by its run with CoalescePublishes (<name>-coalesce).
+func variantsFor(modes []string, filter string, baseline, coalesce bool) []scenario.Variant {
 	var out []scenario.Variant
 	for _, v := range scenario.Variants {
 		if filter != "" && !contains(strings.Split(filter, ","), v.Name) {
@@ -216,6 +220,10 @@ func variantsFor(modes []string, filter string, baseline bool) []scenario.Varian
 		out = append(out, v)
 		if baseline && v.Build == "patched" {
 			out = append(out, scenario.Variant{Name: v.Name + "-old", Build: "baseline", Mode: v.Mode})
+		}
+		if coalesce && v.Build == "patched" && v.Mode != "upstream" {
+			out = append(out, scenario.Variant{Name: v.Name + "-coalesce", Build: "patched", Mode: v.Mode,
+				Env: []string{readmode.CoalesceEnv + "=1"}})
 		}
 	}
 	return out

@@ -74,7 +74,7 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 		if s.QuickReps > 0 && cfg.quick {
 			reps = s.QuickReps
 		}
-		variants := variantsFor(s.Modes, cfg.variants, cfg.baseline != "")
+		variants := variantsFor(s.Modes, cfg.variants, cfg.baseline != "", cfg.coalesce)
 		if cfg.ab {
 			variants = abVariants(variants, cfg.abMode)
 		}
@@ -169,6 +169,7 @@ func (r runner) measure(ctx context.Context, m measurement) output {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "TOXIPROXY_URL="+r.toxiproxy, "AMQP_URL="+r.brokerURL)
+	cmd.Env = append(cmd.Env, m.variant.Env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

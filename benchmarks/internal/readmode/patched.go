@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -24,7 +25,12 @@ func DialConfig(url string, cfg amqp.Config, mode string) (*amqp.Connection, err
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
 	}
-	return compat.DialConfig(url, cfg, m)
+	var opts []compat.Option
+	if os.Getenv(CoalesceEnv) == "1" {
+		opts = append(opts, compat.WithDrainerOptions(amqp.DrainerOptions{CoalescePublishes: true}),
+			compat.WithLegacyOptions(amqp.LegacyOptions{CoalescePublishes: true}))
+	}
+	return compat.DialConfig(url, cfg, m, opts...)
 }
 
 // DrainEvents reads and dispatches frames until at least one arrived or ctx

@@ -31,3 +31,8 @@ type BudgetSample struct {
 	Pauses       uint64 // how often reading paused
 	PublishDepth int    // confirmations queued for the biggest NotifyPublish listener
 }
+
+// CoalesceEnv, set to 1 in a scenario's environment (the runner's
+// drainer-coalesce and legacy-coalesce variants), turns on
+// CoalescePublishes in the drainer and legacy modes of the patched build.
+const CoalesceEnv = "BENCH_COALESCE_PUBLISHES"
