@@ -126,13 +126,5 @@ func (c *Connection) writeBatch(b *groupBatch) error {
 		return nil
 	}
 	// Another writer (a generation being replaced): as upstream writes.
-	for _, v := range b.vecs {
-		if _, err := c.writer.w.Write(v); err != nil {
-			return err
-		}
-	}
-	if buf != nil {
-		return buf.Flush()
-	}
-	return nil
+	return c.writeThrough(b.vecs, buf)
 }

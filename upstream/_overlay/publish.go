@@ -240,7 +240,13 @@ func (c *Connection) writePublish(pb *publishBuf) error {
 
 	// Another writer (a test's read path, or a generation being replaced):
 	// through c.writer as upstream writes.
-	for _, v := range pb.vecs {
+	return c.writeThrough(pb.vecs, buf)
+}
+
+// writeThrough writes vecs through c.writer, as upstream writes, and
+// flushes buf if there is one; the caller holds c.sendM.
+func (c *Connection) writeThrough(vecs net.Buffers, buf *bufio.Writer) error {
+	for _, v := range vecs {
 		if _, err := c.writer.w.Write(v); err != nil {
 			return err
 		}
