@@ -103,9 +103,12 @@ func TestConcurrentPublishesStayWhole(t *testing.T) {
 	modes := map[string]amqp.ReadPath{
 		"drainer": drainer.ReadPath(drainer.Options{}),
 		"legacy":  legacyread.ReadPath(legacyread.Options{}),
+		// The group commit: publishes of several channels share writes.
+		"drainer-coalesce": drainer.ReadPath(drainer.Options{CoalescePublishes: true}),
+		"legacy-coalesce":  legacyread.ReadPath(legacyread.Options{CoalescePublishes: true}),
 	}
 	for name, rp := range modes {
-		for _, shape := range []struct{ channels, perChannel int }{{1, 8}, {4, 2}} {
+		for _, shape := range []struct{ channels, perChannel int }{{1, 8}, {4, 2}, {8, 1}} {
 			t.Run(fmt.Sprintf("%s/channels=%d/publishers=%d", name, shape.channels, shape.perChannel), func(t *testing.T) {
 				testConcurrentPublishes(t, rp, shape.channels, shape.perChannel)
 			})
@@ -175,6 +178,8 @@ func testConcurrentPublishes(t *testing.T, rp amqp.ReadPath, channels, perChanne
 	for err := range errs {
 		t.Fatal(err)
 	}
+	s := conn.Stats()
+	t.Logf("%d publishes in %d writes, %d of them in another publisher's write", channels*perChannel*perPublisher, s.Writes, s.CoalescedPublishes)
 	// Close is answered after every publish before it was read.
 	if err := conn.Close(); err != nil {
 		t.Fatalf("close: %v", err)
