@@ -366,6 +366,7 @@ func TestCloseDeadlineNowIsImmediate(t *testing.T) {
 	for _, mode := range []compat.Mode{compat.Upstream, compat.Drainer, compat.Legacy, compat.LegacyAutoDrain} {
 		t.Run(mode.String(), func(t *testing.T) {
 			peer := fakepeer.Listen(t)
+			stopped := make(chan struct{}) // the peer no longer reads
 			peer.Serve(func(s *fakepeer.Session) error {
 				if _, err := s.AnswerChannelOpen(); err != nil {
 					return err
@@ -373,6 +374,7 @@ func TestCloseDeadlineNowIsImmediate(t *testing.T) {
 				if err := s.StopReading(); err != nil {
 					return err
 				}
+				close(stopped)
 				<-s.Done()
 				return nil
 			})
@@ -383,6 +385,9 @@ func TestCloseDeadlineNowIsImmediate(t *testing.T) {
 			if _, err := conn.Channel(); err != nil {
 				t.Fatal(err)
 			}
+			// Closed before the peer stopped reading, the socket would
+			// fail the peer's StopReading instead.
+			<-stopped
 			took := abandon(conn)
 			if took > 200*time.Millisecond {
 				t.Fatalf("CloseDeadline(now) took %v", took)
