@@ -165,10 +165,14 @@ func TestUnitInboxDirectHandOverKeepsOrder(t *testing.T) {
 		subs.add("c", out, consumerConfig{})
 		const n = 2000
 		got := make(chan []uint64)
+		all := make(chan struct{}) // closed when the reader has n
 		go func() {
 			var tags []uint64
 			for d := range out {
 				tags = append(tags, d.DeliveryTag)
+				if len(tags) == n {
+					close(all)
+				}
 				if len(tags)%7 == 0 {
 					time.Sleep(time.Millisecond) // falls behind
 				}
@@ -185,8 +189,8 @@ func TestUnitInboxDirectHandOverKeepsOrder(t *testing.T) {
 				time.Sleep(2 * time.Millisecond) // the reader catches up
 			}
 		}
-		time.Sleep(time.Second) // the reader takes the rest
-		synctest.Wait()
+		<-all
+		synctest.Wait() // the buffer goroutine has released the last one
 		if used := b.usedNow(); used != 0 {
 			t.Errorf("budget %d once everything was received", used)
 		}
