@@ -177,6 +177,8 @@ func TestBroker(t *testing.T) {
 		// Every frame carries 8 bytes of framing; the bodies come on top.
 		{"amqp091_bytes_sent_total", before.BytesOut, after.BytesOut, 8*(3*n+n) + n*uint64(len(body))},
 		{"amqp091_bytes_received_total", before.BytesIn, after.BytesIn, 8*(3*n+1) + n*uint64(len(body))},
+		// Every publish is at least its own write, without coalescing.
+		{"amqp091_socket_writes_total", before.Writes, after.Writes, n},
 	}
 	for _, c := range counters {
 		got := value(t, mfs, c.name, conn1)

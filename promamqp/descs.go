@@ -20,6 +20,7 @@ type descs struct {
 	// From Stats, per watched connection.
 	bytesIn, bytesOut                                   *prometheus.Desc
 	framesIn, framesOut                                 *prometheus.Desc
+	writes, coalescedPublishes                          *prometheus.Desc
 	info                                                *prometheus.Desc
 	budgetLimit, budgetUsed                             *prometheus.Desc
 	budgetPaused, budgetPausedSeconds                   *prometheus.Desc
@@ -81,6 +82,10 @@ func (d *descs) init(cfg *config) {
 		"AMQP frames read from the connection's socket, heartbeats included.", c...)
 	d.framesOut = desc("frames_sent_total",
 		"AMQP frames written to the connection's socket, heartbeats included.", c...)
+	d.writes = desc("socket_writes_total",
+		"Writes of frames to the connection's socket (a write or writev system call each), heartbeats not counted; frames_sent_total over this is the frames per write.", c...)
+	d.coalescedPublishes = desc("coalesced_publishes_total",
+		"Publishes that went out in the same write as another publisher's (CoalescePublishes); 0 with the option off.", c...)
 	d.budgetLimit = desc("budget_limit_bytes",
 		"The drainer's memory budget; 0 when the read path keeps none (legacy mode).", c...)
 	d.budgetUsed = desc("budget_used_bytes",
@@ -135,6 +140,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.info,
 		d.bytesIn, d.bytesOut,
 		d.framesIn, d.framesOut,
+		d.writes, d.coalescedPublishes,
 		d.budgetLimit, d.budgetUsed,
 		d.budgetPaused, d.budgetPausedSeconds,
 		d.listenerQueued, d.listenerQueuedBytes, d.listenerOldest,

@@ -64,6 +64,8 @@
 //	amqp091_bytes_sent_total                     socket bytes written
 //	amqp091_frames_received_total                frames read
 //	amqp091_frames_sent_total                    frames written
+//	amqp091_socket_writes_total                  writes of frames to the socket
+//	amqp091_coalesced_publishes_total            publishes that shared another's write
 //	amqp091_budget_limit_bytes                   the drainer's budget
 //	amqp091_budget_used_bytes                    bytes waiting for the application
 //	amqp091_budget_paused                        1 while reading is paused

@@ -67,6 +67,8 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, name string, s *am
 	send(d.framesOut, counter, float64(s.FramesOut), name)
 	send(d.bytesIn, counter, float64(s.BytesIn), name)
 	send(d.bytesOut, counter, float64(s.BytesOut), name)
+	send(d.writes, counter, float64(s.Writes), name)
+	send(d.coalescedPublishes, counter, float64(s.CoalescedPublishes), name)
 
 	b := &s.Budget
 	send(d.budgetLimit, gauge, float64(b.Limit), name)

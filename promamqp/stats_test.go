@@ -28,6 +28,7 @@ var statsMetrics = []string{
 	"amqp091_connection_info",
 	"amqp091_bytes_received_total", "amqp091_bytes_sent_total",
 	"amqp091_frames_received_total", "amqp091_frames_sent_total",
+	"amqp091_socket_writes_total", "amqp091_coalesced_publishes_total",
 	"amqp091_budget_limit_bytes", "amqp091_budget_used_bytes",
 	"amqp091_budget_paused", "amqp091_budget_paused_seconds_total",
 	"amqp091_listener_queued", "amqp091_listener_queued_bytes", "amqp091_listener_oldest_seconds",
@@ -41,6 +42,7 @@ var sample = amqp.Stats{
 	BytesIn:  1000,
 	BytesOut: 2000,
 	FramesIn: 10, FramesOut: 20,
+	Writes: 7, CoalescedPublishes: 2,
 	Budget: amqp.BudgetStats{Limit: 4096, Used: 3000, Paused: true, Pauses: 3, PausedTotal: 1500 * time.Millisecond},
 	Listeners: []amqp.ListenerStats{
 		{Kind: amqp.KindNotifyPublish, Channel: 1, Queued: 5, QueuedBytes: 500, OldestAge: 2 * time.Second},
@@ -70,6 +72,12 @@ amqp091_frames_received_total{connection="c1"} 10
 # HELP amqp091_frames_sent_total AMQP frames written to the connection's socket, heartbeats included.
 # TYPE amqp091_frames_sent_total counter
 amqp091_frames_sent_total{connection="c1"} 20
+# HELP amqp091_socket_writes_total Writes of frames to the connection's socket (a write or writev system call each), heartbeats not counted; frames_sent_total over this is the frames per write.
+# TYPE amqp091_socket_writes_total counter
+amqp091_socket_writes_total{connection="c1"} 7
+# HELP amqp091_coalesced_publishes_total Publishes that went out in the same write as another publisher's (CoalescePublishes); 0 with the option off.
+# TYPE amqp091_coalesced_publishes_total counter
+amqp091_coalesced_publishes_total{connection="c1"} 2
 # HELP amqp091_budget_limit_bytes The drainer's memory budget; 0 when the read path keeps none (legacy mode).
 # TYPE amqp091_budget_limit_bytes gauge
 amqp091_budget_limit_bytes{connection="c1"} 4096
