@@ -115,7 +115,10 @@
 // is then overwritten with amqp.PoisonByte as its handler returns, and
 // never reused, so a body kept too long always reads as poison (and the
 // race detector reports a goroutine still reading it). Without it, such a
-// body would read another message's bytes, now and then.
+// body would read another message's bytes, now and then. There is no chan
+// in between: the ConsumeFunc goroutine takes every delivery the drainer
+// has queued for its consumer per wake-up, where a Consume chan wakes its
+// reader once per delivery.
 //
 // # What it holds, and warnings
 //

@@ -62,8 +62,12 @@
 // buffer, with the body read once into the delivery's own body, so the
 // reader that holds the turn makes one copy of each body, no more.
 // amqp.Channel.ConsumeFunc (pooled bodies, valid only inside the handler)
-// works here too; its deliveries, like Consume's, arrive only while
-// someone calls DrainEvents.
+// works here too, and is this mode's cheapest way to consume: it reads the
+// socket itself while it waits for a delivery and nobody else is reading
+// (as rabbitmq-c's amqp_consume_message does), and runs the handler on the
+// same goroutine, so a consumer needs no DrainEvents loop and no goroutine
+// switch per delivery. Consume's deliveries, by contrast, arrive only
+// while someone calls DrainEvents.
 //
 // Options.RPCTimeout bounds every synchronous method for code that cannot
 // pass a context (the ...WithContext methods take one in every mode); the

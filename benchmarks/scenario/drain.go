@@ -3,10 +3,15 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/rawdrain"
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/readmode"
 )
 
@@ -23,15 +28,24 @@ func init() {
 		Name:  "drain",
 		Title: "11. Drain a full queue: client CPU per delivery",
 		About: "A plain upstream connection fills a queue with 200,000 messages of 512 B and closes " +
-			"before anything is sampled. Then one consumer in the mode under test (legacy: with a " +
-			"DrainEvents loop, 50 ms per call), basic.qos prefetch 1,000 and manual acks, acking " +
-			"multiple every 100 deliveries, drains it. Over the drain alone, from before basic.consume " +
+			"before anything is sampled. Then one consumer in the mode under test, basic.qos prefetch " +
+			"1,000 and manual acks, acking multiple every 100 deliveries, drains it: api=consume ranges " +
+			"over a Consume chan (legacy: with a DrainEvents loop, 50 ms per call), api=consumefunc " +
+			"hands ConsumeFunc a handler (pristine: ranges over Consume, having no ConsumeFunc; legacy: " +
+			"ConsumeFunc reads the socket itself, no drain loop). Over the drain alone, from before basic.consume " +
 			"to the last delivery: msg/s; the process's CPU time (getrusage user + system, every " +
 			"thread) per 100,000 deliveries; read and write system calls per delivery, from syscr + " +
 			"syscw of /proc/self/io (futex and epoll_wait are not counted there); voluntary context " +
 			"switches per delivery (getrusage nvcsw: each is a thread going to sleep, a proxy for " +
 			"goroutine wake-ups). A CPU profile of the drain (runtime/pprof, 100 Hz, its cost " +
-			"included) is saved beside the results.",
+			"included) is saved beside the results. Two references drain the same queue the same way: " +
+			"go-floor, one goroutine reading raw frames with no library and no allocation per message " +
+			"(package rawdrain), which is the least any Go client can spend here, the Go runtime's " +
+			"netpoll and scheduler and the kernel's socket; and c-client, librabbitmq 0.11 " +
+			"(benchmarks/cclient, measured by itself over the same span; its recv and send calls are " +
+			"not in /proc/self/io, so it has no syscall count).",
+		Modes:   []string{readmode.Upstream, readmode.Legacy, readmode.Drainer, GoFloor, CClient},
+		Cases:   []string{drainConsume, drainConsumeFunc},
 		Timeout: 2 * time.Minute,
 		Run:     runDrain,
 		Report: Report{
@@ -48,6 +62,9 @@ func init() {
 				{Label: "legacy / pristine msg/s", Metric: "msg_s", Num: "legacy", Den: "pristine"},
 				{Label: "pristine / drainer CPU-s per 100k", Metric: "cpu_s_per_100k", Num: "pristine", Den: "drainer"},
 				{Label: "pristine / drainer syscalls per delivery", Metric: "syscalls_per_msg", Num: "pristine", Den: "drainer"},
+				{Label: "drainer / go-floor CPU-s per 100k", Metric: "cpu_s_per_100k", Num: "drainer", Den: GoFloor},
+				{Label: "legacy / go-floor CPU-s per 100k", Metric: "cpu_s_per_100k", Num: "legacy", Den: GoFloor},
+				{Label: "go-floor / c-client CPU-s per 100k", Metric: "cpu_s_per_100k", Num: GoFloor, Den: CClient},
 			},
 			Targets: []Target{
 				AtMost("drainer CPU-s per 100k deliveries at most 0.8", "drainer", "cpu_s_per_100k", 0.8, "CPU-s"),
@@ -70,6 +87,12 @@ const (
 	drainPrefetch = 1000
 	// drainAckEvery is how many deliveries one multiple ack settles.
 	drainAckEvery = 100
+	// The cases: the application ranges over a Consume chan, or hands
+	// ConsumeFunc a handler. Pristine upstream has no ConsumeFunc: there
+	// the case ranges over Consume (readmode.ConsumeFunc). In legacy mode
+	// ConsumeFunc reads the socket itself, with no drain loop.
+	drainConsume     = "api=consume"
+	drainConsumeFunc = "api=consumefunc"
 	// drainLoopTimeout is the legacy drain loop's DrainEvents timeout:
 	// in plain legacy mode an ack waits while the loop reads, and when
 	// nothing arrives (every prefetched delivery read, the ack that
@@ -80,7 +103,7 @@ const (
 
 // runDrain fills a queue, then drains it with one consumer in the mode
 // under test, measuring the drain alone.
-func runDrain(ctx context.Context, env *Env, _ string) (*Result, error) {
+func runDrain(ctx context.Context, env *Env, c string) (*Result, error) {
 	n := env.Count(200_000, 2_000)
 	queue, err := env.Queue()
 	if err != nil {
@@ -88,6 +111,12 @@ func runDrain(ctx context.Context, env *Env, _ string) (*Result, error) {
 	}
 	if err := fillQueue(ctx, env, queue, n, drainBody); err != nil {
 		return nil, err
+	}
+	switch env.Mode {
+	case GoFloor:
+		return drainRaw(ctx, env, queue, n)
+	case CClient:
+		return drainC(ctx, env, queue, n)
 	}
 
 	conn, err := env.Dial(dialDefaults)
@@ -109,39 +138,84 @@ func runDrain(ctx context.Context, env *Env, _ string) (*Result, error) {
 		return nil, err
 	}
 	defer meter.end()
-	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
-	if err != nil {
-		return nil, fmt.Errorf("consume: %w", err)
-	}
-	// Stopped before conn closes (defers run last first).
-	defer StartDrainLoop(conn, env.Mode, drainLoopTimeout)()
-
-	received := 0
-	for received < n {
-		select {
-		case d, ok := <-deliveries:
-			if !ok {
-				return nil, fmt.Errorf("deliveries closed after %d of %d", received, n)
-			}
-			received++
-			if received%drainAckEvery == 0 || received == n {
-				if err := d.Ack(true); err != nil {
-					return nil, fmt.Errorf("ack delivery %d: %w", received, err)
-				}
-			}
-		case <-ctx.Done():
-			return nil, fmt.Errorf("%d of %d delivered: %w", received, n, ctx.Err())
+	var received int
+	if c == drainConsumeFunc {
+		if received, err = drainFunc(ctx, ch, queue, n); err != nil {
+			return nil, err
 		}
+	} else if received, err = drainChan(ctx, conn, ch, env.Mode, queue, n); err != nil {
+		return nil, err
 	}
 	wall, err := meter.stop(res, received)
 	if err != nil {
 		return nil, err
 	}
 	res.Set("msg_s", float64(received)/wall.Seconds())
-	if env.Mode == readmode.Legacy {
+	switch {
+	case env.Mode == readmode.Legacy && c == drainConsumeFunc:
+		res.Note("legacy: ConsumeFunc reads the socket itself; no drain loop")
+	case env.Mode == readmode.Legacy:
 		res.Note("legacy: the connection is read by a DrainEvents loop (%v per call), whose cost is counted, as the whole process is", drainLoopTimeout)
 	}
 	return res, nil
+}
+
+// drainFunc drains queue through ConsumeFunc (in pristine upstream, its
+// stand-in over Consume), acking multiple every drainAckEvery.
+func drainFunc(ctx context.Context, ch *amqp.Channel, queue string, n int) (int, error) {
+	fctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	received := 0
+	var ackErr error
+	err := readmode.ConsumeFunc(fctx, ch, queue, false, func(d *amqp.Delivery) error {
+		received++
+		if received%drainAckEvery == 0 || received == n {
+			if ackErr = d.Ack(true); ackErr != nil {
+				return ackErr
+			}
+		}
+		if received == n {
+			cancel()
+		}
+		return nil
+	})
+	switch {
+	case ackErr != nil:
+		return 0, fmt.Errorf("ack delivery %d: %w", received, ackErr)
+	case received < n:
+		return 0, fmt.Errorf("%d of %d delivered: %w", received, n, err)
+	}
+	return received, nil
+}
+
+// drainChan drains queue by ranging over a Consume chan, acking multiple
+// every drainAckEvery.
+func drainChan(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, mode, queue string, n int) (int, error) {
+	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
+	if err != nil {
+		return 0, fmt.Errorf("consume: %w", err)
+	}
+	// Stopped before conn closes (defers run last first).
+	defer StartDrainLoop(conn, mode, drainLoopTimeout)()
+
+	received := 0
+	for received < n {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return 0, fmt.Errorf("deliveries closed after %d of %d", received, n)
+			}
+			received++
+			if received%drainAckEvery == 0 || received == n {
+				if err := d.Ack(true); err != nil {
+					return 0, fmt.Errorf("ack delivery %d: %w", received, err)
+				}
+			}
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%d of %d delivered: %w", received, n, ctx.Err())
+		}
+	}
+	return received, nil
 }
 
 // fillQueue publishes n messages of size bytes to queue over a plain
@@ -168,4 +242,63 @@ func fillQueue(ctx context.Context, env *Env, queue string, n, size int) error {
 		return fmt.Errorf("fill: %w", err)
 	}
 	return nil
+}
+
+// drainRaw is the go-floor variant's drain: the same queue, prefetch and
+// acks, by package rawdrain, metered over the same span as runDrain.
+func drainRaw(ctx context.Context, env *Env, queue string, n int) (*Result, error) {
+	res := NewResult()
+	var meter *costMeter
+	var meterErr error
+	received, err := rawdrain.Drain(ctx, rawdrain.Config{URL: env.URL, Queue: queue, N: n,
+		Prefetch: drainPrefetch, AckEvery: drainAckEvery}, func() { meter, meterErr = startCost(env, res) })
+	if meter == nil {
+		if meterErr != nil {
+			return nil, meterErr
+		}
+		return nil, fmt.Errorf("go-floor: %w", err)
+	}
+	wall, stopErr := meter.stop(res, received)
+	if err != nil {
+		return nil, fmt.Errorf("go-floor: %d of %d delivered: %w", received, n, err)
+	}
+	if stopErr != nil {
+		return nil, stopErr
+	}
+	res.Set("msg_s", float64(received)/wall.Seconds())
+	res.Note("go-floor: not a client; one goroutine reading raw frames (package rawdrain), the least a Go program spends here")
+	return res, nil
+}
+
+// drainC is the c-client variant's drain: the C program the runner built
+// (CClientEnv) drains the queue and reports what it spent over the same
+// span as runDrain, from just before basic.consume to the last ack.
+func drainC(ctx context.Context, env *Env, queue string, n int) (*Result, error) {
+	bin := os.Getenv(CClientEnv)
+	if bin == "" {
+		return nil, fmt.Errorf("c-client: %s is not set: the bench runner sets it when it could build benchmarks/cclient", CClientEnv)
+	}
+	cmd := exec.CommandContext(ctx, bin, env.URL, queue, strconv.Itoa(n), strconv.Itoa(drainPrefetch), strconv.Itoa(drainAckEvery))
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("c-client: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	var received int
+	var wallNs, cpuNs, nvcsw int64
+	if _, err := fmt.Sscan(string(out), &received, &wallNs, &cpuNs, &nvcsw); err != nil || received <= 0 || wallNs <= 0 {
+		return nil, fmt.Errorf("c-client: unreadable report %q: %v", out, err)
+	}
+	wall := time.Duration(wallNs)
+	res := NewResult()
+	res.Set("messages", float64(received))
+	res.Set("phase_s", wall.Seconds())
+	res.Set("cpu_s", time.Duration(cpuNs).Seconds())
+	res.Set("nvcsw", float64(nvcsw))
+	res.Set("cpu_s_per_100k", time.Duration(cpuNs).Seconds()*100_000/float64(received))
+	res.Set("nvcsw_per_msg", float64(nvcsw)/float64(received))
+	res.Set("msg_s", float64(received)/wall.Seconds())
+	res.Note("c-client: librabbitmq, its own figures over the same span; no syscall count (recv and send are not in /proc/self/io)")
+	return res, nil
 }

@@ -12,7 +12,23 @@ var Variants = []Variant{
 	{Name: "upstream", Build: "patched", Mode: "upstream"},
 	{Name: "legacy", Build: "patched", Mode: "legacy"},
 	{Name: "drainer", Build: "patched", Mode: "drainer"},
+	// References that are not amqp091-go, run only by the scenarios that
+	// list their Mode (the drain): what a Go program spends at the least
+	// (package rawdrain), and the C client.
+	{Name: GoFloor, Build: "pristine", Mode: GoFloor, Reference: true},
+	{Name: CClient, Build: "pristine", Mode: CClient, Reference: true},
 }
+
+// The reference variants' names, which are also their modes.
+const (
+	GoFloor = "go-floor"
+	CClient = "c-client"
+)
+
+// CClientEnv names the environment variable through which the runner
+// gives the c-client variant's process the path of the C program it
+// built (benchmarks/cclient).
+const CClientEnv = "BENCH_CCLIENT_DRAIN"
 
 // A Variant is one build in one read mode.
 type Variant struct {
@@ -22,6 +38,9 @@ type Variant struct {
 	// Env is added to the scenario process's environment: a variant of
 	// a mode with an option on (the runner's -coalesce).
 	Env []string `json:"env,omitempty"`
+	// Reference marks a variant that is not amqp091-go but a yardstick
+	// for it: only a scenario whose Modes name its Mode runs it.
+	Reference bool `json:"reference,omitempty"`
 }
 
 // A Report says how BENCHMARKS.md presents a scenario: a table with a row

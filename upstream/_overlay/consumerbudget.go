@@ -50,6 +50,10 @@ func (subs *consumers) bufferFor(tag string, in chan *Delivery, out chan Deliver
 		subs.buffer(in, out)
 		return
 	}
+	if ready := subs.acct.takeDirect(tag); ready != nil {
+		subs.handOver(ready, tag, in, out) // a ConsumeFunc serves it (directconsume.go)
+		return
+	}
 	subs.budgetedBuffer(tag, in, out)
 }
 

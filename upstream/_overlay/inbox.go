@@ -125,6 +125,9 @@ func (b *inbox) clear() int64 {
 type inboxes struct {
 	mu  sync.Mutex
 	all map[chan *Delivery]*inbox
+	// direct holds, by consumer tag, the ConsumeFuncs about to serve
+	// their consumer themselves (directconsume.go).
+	direct map[string]chan directHandoff
 }
 
 // inboxOf returns in's inbox, making it if needed.

@@ -209,3 +209,39 @@ func TestUnitInboxDirectHandOverKeepsOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestUnitInboxTakeKeepsOrderAndStats pins take, ConsumeFunc's way out of
+// the inbox (directconsume.go): deliveries leave in order, Stats follows,
+// and an empty inbox parks the taker, so the next put asks for a wake-up.
+func TestUnitInboxTakeKeepsOrderAndStats(t *testing.T) {
+	st := &bufferStat{}
+	box := &inbox{st: st, wake: make(chan struct{}, 1)}
+	b := newBudget(1<<30, 1<<29)
+	ds := numbered(4)
+	for _, d := range ds {
+		box.put(d, deliveryCost(d), b)
+	}
+	if got := st.queued.Load(); got != 4 {
+		t.Fatalf("Stats shows %d queued, want 4", got)
+	}
+	for i := range ds {
+		it, ok := box.take()
+		if !ok || it.d.DeliveryTag != uint64(i+1) || it.cost != deliveryCost(ds[i]) {
+			t.Fatalf("take %d: %v, tag %d, cost %d", i+1, ok, it.d.DeliveryTag, it.cost)
+		}
+		b.release(it.cost)
+	}
+	if _, ok := box.take(); ok {
+		t.Fatal("take from an empty inbox reported a delivery")
+	}
+	if got, bytes := st.queued.Load(), st.bytes.Load(); got != 0 || bytes != 0 {
+		t.Fatalf("Stats shows %d queued, %d B, after every take", got, bytes)
+	}
+	<-box.wake // the first put found the taker parked (never taken before)
+	box.put(ds[0], deliveryCost(ds[0]), b)
+	select {
+	case <-box.wake:
+	default:
+		t.Fatal("a put after take found the inbox empty did not wake the taker")
+	}
+}

@@ -149,6 +149,10 @@ type legacyConn struct {
 	// urgent counts stand-ins writing (standInSend): while one does, every
 	// write cuts a read short as with AutoDrain.
 	urgent atomic.Int32
+	// consumerReads counts reads that a ConsumeFunc makes while it waits
+	// for a delivery (directconsume.go): a write cuts those short as with
+	// AutoDrain, since no caller asked for a blocking read.
+	consumerReads atomic.Int32
 
 	mu  sync.Mutex
 	gen *legacyGen
@@ -239,11 +243,16 @@ type transportGuard struct {
 // lock and reads again afterwards.
 func (w transportGuard) lock() {
 	l := w.l
-	if !l.opts.AutoDrain && l.urgent.Load() == 0 {
-		l.transport.Lock()
+	if l.transport.TryLock() {
 		return
 	}
-	if l.transport.TryLock() {
+	// Held: by a reader or another writer. A ConsumeFunc's reader counts
+	// itself before it takes the lock, so a writer that finds it reading
+	// sees the count. (One that finds another writer instead, and then
+	// loses the lock to a ConsumeFunc read, waits for that read: until a
+	// frame arrives or the heartbeat's deadline.)
+	if !l.opts.AutoDrain && l.urgent.Load() == 0 && l.consumerReads.Load() == 0 {
+		l.transport.Lock()
 		return
 	}
 	l.writers.Add(1)

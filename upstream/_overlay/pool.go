@@ -84,10 +84,17 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 //     ErrClosed) when either closes, and ErrConsumerCancelled when the
 //     broker cancels the consumer.
 //
-// In legacy mode, deliveries arrive only while someone calls
-// Connection.DrainEvents, as for Consume, and the basic.cancel that ends
-// the consumption is a write: it waits for a read in progress, as every
-// write does in that mode, so drain with short DrainEvents calls.
+// In the drainer and legacy modes there is no Consume chan in between:
+// ConsumeFunc takes the deliveries straight from the consumer's queue,
+// every delivery of a burst per wake-up (directconsume.go). In legacy
+// mode it also reads the socket itself while it waits for a delivery and
+// nobody else is reading, as rabbitmq-c's amqp_consume_message does, so a
+// consumer needs no DrainEvents loop beside it; where one runs (or
+// AutoDrain's), whoever reads hands the deliveries over. A read in
+// progress holds the socket, as every legacy read does: in plain legacy
+// mode a write from another goroutine (a publish) waits until a frame
+// arrives or the read's deadline (ctx's, or the heartbeat's) passes; with
+// AutoDrain the write cuts the read short.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -105,8 +112,16 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 		pooledConsumers.add(ch, tag)
 		defer pooledConsumers.remove(ch, tag)
 	}
+	var ready chan directHandoff
+	if acct := ch.consumers.acct; acct != nil {
+		// Served by this goroutine, without a chan (directconsume.go).
+		ready = acct.expectDirect(tag)
+	}
 	deliveries, err := ch.Consume(queue, tag, opts.AutoAck, opts.Exclusive, opts.NoLocal, opts.NoWait, opts.Args)
 	if err != nil {
+		if ready != nil {
+			ch.consumers.acct.withdrawDirect(tag, ready)
+		}
 		return err
 	}
 	recycle := func(d *Delivery) {
@@ -123,6 +138,10 @@ func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFu
 			obs.Handled(d, time.Since(start), err)
 			return err
 		}
+	}
+	if ready != nil {
+		dc := &directConsumer{ch: ch, tag: tag, autoAck: opts.AutoAck, handle: handle, recycle: recycle}
+		return ch.consumeDirect(ctx, <-ready, dc, closed)
 	}
 	// One Delivery for the whole consumption: handler gets a pointer to
 	// it, which would otherwise cost an allocation per message.

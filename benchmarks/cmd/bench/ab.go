@@ -17,7 +17,7 @@ import (
 func abVariants(vs []scenario.Variant, mode string) []scenario.Variant {
 	var out []scenario.Variant
 	for _, v := range vs {
-		if v.Build == "pristine" || v.Mode == mode {
+		if (v.Build == "pristine" && !v.Reference) || v.Mode == mode {
 			out = append(out, v)
 		}
 	}

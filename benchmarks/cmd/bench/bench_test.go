@@ -45,6 +45,15 @@ func TestVariantFilters(t *testing.T) {
 	if got := names(abVariants(scenario.Variants, "legacy")); len(got) != 2 || got[0] != "pristine" || got[1] != "legacy" {
 		t.Errorf("ab legacy: %v", got)
 	}
+	// The references run only where a scenario names them, and no
+	// -variants filter that leaves them out brings them back.
+	withRefs := []string{"upstream", "drainer", scenario.GoFloor, scenario.CClient}
+	if got := names(variantsFor(withRefs, "", false, false)); fmt.Sprint(got) != "[pristine upstream drainer go-floor c-client]" {
+		t.Errorf("a scenario naming the references: %v", got)
+	}
+	if got := names(variantsFor(withRefs, "pristine,drainer", true, false)); fmt.Sprint(got) != "[pristine drainer drainer-old]" {
+		t.Errorf("references filtered out: %v", got)
+	}
 }
 
 func TestFormatStat(t *testing.T) {

@@ -172,8 +172,9 @@ func runSuite(ctx context.Context, cfg config) error {
 }
 
 // binaries are the builds of the scenario program: pristine, patched, and
-// optionally a patched build of an earlier commit (-baseline).
-type binaries struct{ pristine, patched, baseline string }
+// optionally a patched build of an earlier commit (-baseline); and the C
+// client's drain (benchmarks/cclient), empty where it cannot be built.
+type binaries struct{ pristine, patched, baseline, cclient string }
 
 // buildBinaries compiles the scenario program against both trees.
 func buildBinaries(ctx context.Context) (binaries, error) {
@@ -197,7 +198,27 @@ func buildBinaries(ctx context.Context) (binaries, error) {
 			return b, fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 		}
 	}
+	b.cclient = buildCClient(ctx, filepath.Join(dir, "cclient-drain"))
 	return b, nil
+}
+
+// buildCClient compiles the C client's drain, the drain scenario's C
+// reference, and returns its path, or "" when the machine lacks a C
+// compiler or librabbitmq's headers (Debian: librabbitmq-dev): the
+// c-client variant is then left out, said once, and nothing else changes.
+func buildCClient(ctx context.Context, out string) string {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	args := []string{"-O2", "-Wall", "-o", out, filepath.Join("benchmarks", "cclient", "drain.c"), "-lrabbitmq"}
+	if msg, err := exec.CommandContext(ctx, cc, args...).CombinedOutput(); err != nil {
+		first, _, _ := strings.Cut(strings.TrimSpace(string(msg)), "\n")
+		logf("%s variant left out: %s %s: %v (%s); it needs librabbitmq's headers (Debian: apt-get install librabbitmq-dev)",
+			scenario.CClient, cc, strings.Join(args, " "), err, first)
+		return ""
+	}
+	return out
 }
 
 func logf(format string, args ...any) {
@@ -214,7 +235,7 @@ func variantsFor(modes []string, filter string, baseline, coalesce bool) []scena
 		if filter != "" && !contains(strings.Split(filter, ","), v.Name) {
 			continue
 		}
-		if len(modes) > 0 && !contains(modes, v.Mode) {
+		if (len(modes) > 0 || v.Reference) && !contains(modes, v.Mode) {
 			continue
 		}
 		out = append(out, v)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -75,6 +76,9 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 			reps = s.QuickReps
 		}
 		variants := variantsFor(s.Modes, cfg.variants, cfg.baseline != "", cfg.coalesce)
+		if bins.cclient == "" {
+			variants = slices.DeleteFunc(variants, func(v scenario.Variant) bool { return v.Name == scenario.CClient })
+		}
 		if cfg.ab {
 			variants = abVariants(variants, cfg.abMode)
 		}
@@ -170,6 +174,9 @@ func (r runner) measure(ctx context.Context, m measurement) output {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "TOXIPROXY_URL="+r.toxiproxy, "AMQP_URL="+r.brokerURL)
 	cmd.Env = append(cmd.Env, m.variant.Env...)
+	if m.variant.Name == scenario.CClient {
+		cmd.Env = append(cmd.Env, scenario.CClientEnv+"="+r.bins.cclient)
+	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -36,6 +36,10 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 	w("- **upstream**: the patched build in its default mode, which must behave as pristine;\n")
 	w("- **legacy**: the patched build, caller-drives-read mode (package legacyread);\n")
 	w("- **drainer**: the patched build, dedicated drainer mode (package drainer).\n\n")
+	w("The drain scenario also runs two references that are not amqp091-go: **%s**, the least a Go "+
+		"program spends to drain a queue (benchmarks/internal/rawdrain: one goroutine, raw frames, no "+
+		"allocation per message), and **%s**, the C client librabbitmq (benchmarks/cclient, built when "+
+		"its headers are installed).\n\n", scenario.GoFloor, scenario.CClient)
 
 	w("## Environment\n\n| item | value |\n|---|---|\n")
 	w("| broker | RabbitMQ %s, on the same machine |\n| CPU | %d × %s |\n| Go | %s %s |\n| upstream | %s |\n| suite wall time | %.0f s |\n",

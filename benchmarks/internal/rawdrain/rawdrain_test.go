@@ -1,0 +1,135 @@
+// The broker discovery (internal/testenv) is the patched build's: the
+// pristine A/B build compiles this package, not its tests.
+
+//go:build !pristine
+
+package rawdrain
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"go.uber.org/goleak"
+
+	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// TestDrainReceivesEveryDelivery drains a queue that a client filled, and
+// checks that every message was received and acked: the queue ends empty
+// with nothing unacknowledged.
+func TestDrainReceivesEveryDelivery(t *testing.T) {
+	url := testenv.AMQPURL(t)
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not auto-delete: the queue must outlive the drain's consumer, to be
+	// inspected after it.
+	q, err := ch.QueueDeclare("", false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.QueueDelete(q.Name, false, false, false)
+	const n = 1234 // not a multiple of the ack interval: the last ack is the remainder's
+	for i := range n {
+		body := make([]byte, i%300) // empty bodies too: no body frame at all
+		if err := ch.Publish("", q.Name, false, false, amqp.Publishing{Body: body}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	started := false
+	got, err := Drain(ctx, Config{URL: url, Queue: q.Name, N: n, Prefetch: 100, AckEvery: 100}, func() { started = true })
+	if err != nil || got != n || !started {
+		t.Fatalf("Drain = %d, %v (started %v); want %d, nil", got, err, started, n)
+	}
+	// The drain's connection closed cleanly: anything unacked would be
+	// back in the queue now.
+	left, err := ch.QueueDeclarePassive(q.Name, false, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if left.Messages != 0 {
+		t.Fatalf("%d messages left in the queue after draining all %d", left.Messages, n)
+	}
+}
+
+// TestDrainReportsTheBrokersRefusal checks that a method the drain does
+// not expect, here the broker closing the channel for a queue that does
+// not exist, ends it with the broker's reply.
+func TestDrainReportsTheBrokersRefusal(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err := Drain(ctx, Config{URL: testenv.AMQPURL(t), Queue: "rawdrain-no-such-queue", N: 1, Prefetch: 1, AckEvery: 1}, func() {})
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("404")) {
+		t.Fatalf("Drain of a missing queue: %v; want the broker's 404", err)
+	}
+}
+
+// frameBytes encodes one frame.
+func frameBytes(typ byte, channel uint16, payload []byte) []byte {
+	b := []byte{typ, 0, 0, 0, 0, 0, 0}
+	binary.BigEndian.PutUint16(b[1:], channel)
+	binary.BigEndian.PutUint32(b[3:], uint32(len(payload)))
+	return append(append(b, payload...), frameEnd)
+}
+
+// consumeThenDeliver is consume-ok and one delivery of a 3-byte body.
+func consumeThenDeliver() []byte {
+	var b []byte
+	b = append(b, frameBytes(frameMethod, 1, []byte{0, 60, 0, 21, 1, 'x'})...)
+	deliver := []byte{0, 60, 0, 60, 1, 'x', 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0}
+	b = append(b, frameBytes(frameMethod, 1, deliver)...)
+	b = append(b, frameBytes(frameHeader, 1, []byte{0, 60, 0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0})...)
+	return append(b, frameBytes(frameBody, 1, []byte("abc"))...)
+}
+
+// drainBytes runs the drain loop against in, the broker's side after
+// basic.consume, and returns what it received.
+func drainBytes(in []byte, n int) (int, error) {
+	s := &session{frames: NewFrames(bytes.NewReader(in), 4096), w: bufio.NewWriter(io.Discard)}
+	return s.drain("q", n, 1)
+}
+
+func TestDrainCountsContentAndRejectsMalformedFrames(t *testing.T) {
+	if got, err := drainBytes(consumeThenDeliver(), 1); got != 1 || err != nil {
+		t.Fatalf("a whole delivery: %d, %v", got, err)
+	}
+	bad := consumeThenDeliver()
+	bad[len(bad)-1] = 0 // frame-end
+	if _, err := drainBytes(bad, 1); !errors.Is(err, ErrFrame) {
+		t.Fatalf("bad frame-end: %v; want ErrFrame", err)
+	}
+	huge := frameBytes(frameBody, 1, make([]byte, 5000))
+	if _, err := drainBytes(huge, 1); !errors.Is(err, ErrFrame) {
+		t.Fatalf("a frame above frame-max: %v; want ErrFrame", err)
+	}
+}
+
+// FuzzDrain feeds the drain loop arbitrary broker bytes after
+// basic.consume: it must end with a count or an error, never a panic.
+func FuzzDrain(f *testing.F) {
+	f.Add(consumeThenDeliver(), uint8(1))
+	f.Add(consumeThenDeliver()[:20], uint8(2))
+	f.Fuzz(func(t *testing.T, in []byte, n uint8) {
+		got, err := drainBytes(in, int(n)+1)
+		if err == nil && got != int(n)+1 {
+			t.Fatalf("no error but %d of %d deliveries", got, int(n)+1)
+		}
+	})
+}
