@@ -88,18 +88,15 @@ func TestConsumeFuncInLegacyMode(t *testing.T) {
 // gets every message not acked.
 func TestConsumeFuncReadsByItself(t *testing.T) {
 	const n, failAt = 300, 120
-	conn, err := legacyread.Dial(testenv.AMQPURL(t), legacyread.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch := testenv.Channel(t, conn)
+	ch := testenv.Channel(t, dial(t, "", amqp.Config{}))
+	// Exclusive but not auto-delete: it must outlive the first consumer.
 	q, err := ch.QueueDeclare("", false, false, true, false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	queue := q.Name
 	for i := 0; i < n; i++ {
-		if err := ch.PublishWithContext(context.Background(), "", q.Name, false, false,
+		if err := ch.PublishWithContext(context.Background(), "", queue, false, false,
 			amqp.Publishing{Body: []byte(fmt.Sprint(i))}); err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +105,7 @@ func TestConsumeFuncReadsByItself(t *testing.T) {
 	// the consumption.
 	stop := errors.New("handler stops")
 	handled := 0
-	err = ch.ConsumeFunc(context.Background(), q.Name, amqp.ConsumeFuncOptions{}, func(d *amqp.Delivery) error {
+	err = ch.ConsumeFunc(context.Background(), queue, amqp.ConsumeFuncOptions{}, func(d *amqp.Delivery) error {
 		if want := fmt.Sprint(handled); string(d.Body) != want {
 			t.Errorf("delivery %d: body %q, want %q", handled, d.Body, want)
 		}
@@ -133,7 +130,7 @@ func TestConsumeFuncReadsByItself(t *testing.T) {
 	seen := map[string]bool{}
 	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel2()
-	err = ch.ConsumeFunc(ctx2, q.Name, amqp.ConsumeFuncOptions{AutoAck: true}, func(d *amqp.Delivery) error {
+	err = ch.ConsumeFunc(ctx2, queue, amqp.ConsumeFuncOptions{AutoAck: true}, func(d *amqp.Delivery) error {
 		seen[string(d.Body)] = true
 		if len(seen) == n-failAt {
 			cancel2()
@@ -157,11 +154,7 @@ func TestConsumeFuncReadsByItself(t *testing.T) {
 // broker's (60 s by default: Config.Heartbeat 0 takes it), so that within
 // the bound nothing but the cut ends the read.
 func TestConsumeFuncReadingLetsWritesThrough(t *testing.T) {
-	conn, err := legacyread.DialConfig(testenv.AMQPURL(t), amqp.Config{}, legacyread.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, "", amqp.Config{})
 	consumer := testenv.Channel(t, conn)
 	idle := testenv.ExclusiveQueue(t, consumer)
 	publisher := testenv.Channel(t, conn)
