@@ -21,11 +21,13 @@ type Output struct {
 // A Listing describes a scenario to the runner: benchscenario -list prints
 // one per scenario.
 type Listing struct {
-	Name       string        `json:"name"`
-	Cases      []string      `json:"cases"`
-	Modes      []string      `json:"modes"`
-	Reps       int           `json:"reps"`
-	QuickReps  int           `json:"quick_reps,omitempty"`
-	Concurrent bool          `json:"concurrent"`
-	Timeout    time.Duration `json:"timeout"`
+	Name  string   `json:"name"`
+	Cases []string `json:"cases"`
+	Modes []string `json:"modes"`
+	// ReferenceCase is Scenario.ReferenceCase.
+	ReferenceCase string        `json:"reference_case,omitempty"`
+	Reps          int           `json:"reps"`
+	QuickReps     int           `json:"quick_reps,omitempty"`
+	Concurrent    bool          `json:"concurrent"`
+	Timeout       time.Duration `json:"timeout"`
 }

@@ -38,6 +38,10 @@ type Scenario struct {
 	// Modes are the read modes it runs in; none means every mode the build
 	// offers.
 	Modes []string
+	// ReferenceCase, when set, is the only case in which the reference
+	// variants (Variant.Reference) run: they do not use amqp091-go, so
+	// the cases that vary its API would measure them again for nothing.
+	ReferenceCase string
 	// Reps overrides the runner's repetition count when non-zero, for
 	// scenarios whose length is fixed by what they measure (30 s idle).
 	Reps int

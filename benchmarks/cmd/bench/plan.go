@@ -83,6 +83,10 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 			variants = abVariants(variants, cfg.abMode)
 		}
 		for _, c := range s.Cases {
+			variants := variants
+			if s.ReferenceCase != "" && c != s.ReferenceCase {
+				variants = slices.DeleteFunc(slices.Clone(variants), func(v scenario.Variant) bool { return v.Reference })
+			}
 			var group []measurement
 			for rep := range reps {
 				// Each repetition starts with another variant, so that

@@ -39,7 +39,7 @@ func main() {
 		var ls []scenario.Listing
 		for _, n := range scenario.Names() {
 			s, _ := scenario.Lookup(n)
-			ls = append(ls, scenario.Listing{Name: n, Cases: s.CaseList(), Modes: s.Modes,
+			ls = append(ls, scenario.Listing{Name: n, Cases: s.CaseList(), Modes: s.Modes, ReferenceCase: s.ReferenceCase,
 				Reps: s.Reps, QuickReps: s.QuickReps, Concurrent: s.Concurrent, Timeout: timeout(s)})
 		}
 		emit(ls)
