@@ -151,8 +151,11 @@ type legacyConn struct {
 	urgent atomic.Int32
 	// consumerReads counts reads that a ConsumeFunc makes while it waits
 	// for a delivery (directconsume.go): a write cuts those short as with
-	// AutoDrain, since no caller asked for a blocking read.
+	// AutoDrain, since no caller asked for a blocking read. plainWriters
+	// counts the writers of plain legacy mode waiting for the transport
+	// lock, which such a read lets go first (see transportGuard.lock).
 	consumerReads atomic.Int32
+	plainWriters  atomic.Int32
 
 	mu  sync.Mutex
 	gen *legacyGen
@@ -246,14 +249,21 @@ func (w transportGuard) lock() {
 	if l.transport.TryLock() {
 		return
 	}
-	// Held: by a reader or another writer. A ConsumeFunc's reader counts
-	// itself before it takes the lock, so a writer that finds it reading
-	// sees the count. (One that finds another writer instead, and then
-	// loses the lock to a ConsumeFunc read, waits for that read: until a
-	// frame arrives or the heartbeat's deadline.)
-	if !l.opts.AutoDrain && l.urgent.Load() == 0 && l.consumerReads.Load() == 0 {
-		l.transport.Lock()
-		return
+	if !l.opts.AutoDrain && l.urgent.Load() == 0 {
+		// Plain legacy: wait for the read or write in progress, unless it
+		// is a ConsumeFunc's read (directconsume.go), which nobody asked
+		// to block. The writer counts itself before it looks for such a
+		// read, and the reader counts itself before it looks for waiting
+		// writers (readOnce): whichever comes second sees the other, so a
+		// ConsumeFunc read that starts while this writer waits (for an
+		// RPC's read, say) lets it go first.
+		l.plainWriters.Add(1)
+		if l.consumerReads.Load() == 0 {
+			l.transport.Lock()
+			l.plainWriters.Add(-1)
+			return
+		}
+		l.plainWriters.Add(-1)
 	}
 	l.writers.Add(1)
 	if nc, ok := w.g.conn.(net.Conn); ok {
@@ -467,8 +477,9 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 	g.stateM.Unlock()
 	if isNet {
 		l.transport.Lock()
-		if l.writers.Load() > 0 {
-			// A writer waits: let it go first.
+		if l.writers.Load() > 0 || (l.consumerReads.Load() > 0 && l.plainWriters.Load() > 0) {
+			// A writer waits (for a ConsumeFunc's read, even in plain
+			// legacy mode: transportGuard.lock): let it go first.
 			l.transport.Unlock()
 			runtime.Gosched()
 			return errInterrupted
