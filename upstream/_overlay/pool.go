@@ -90,11 +90,10 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 // mode it also reads the socket itself while it waits for a delivery and
 // nobody else is reading, as rabbitmq-c's amqp_consume_message does, so a
 // consumer needs no DrainEvents loop beside it; where one runs (or
-// AutoDrain's), whoever reads hands the deliveries over. A read in
-// progress holds the socket, as every legacy read does: in plain legacy
-// mode a write from another goroutine (a publish) waits until a frame
-// arrives or the read's deadline (ctx's, or the heartbeat's) passes; with
-// AutoDrain the write cuts the read short.
+// AutoDrain's), whoever reads hands the deliveries over. Nobody asked
+// ConsumeFunc's own reads to block, so a write from another goroutine (a
+// publish) cuts them short, as with AutoDrain, even in plain legacy mode,
+// where a write still waits for a DrainEvents read in progress.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
