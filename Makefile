@@ -5,7 +5,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster
+.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster rebase canary drift
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
@@ -64,3 +64,16 @@ actionlint:
 ## modfiles: regenerate go.upstream.mod/go.upstream.sum from go.mod/go.sum
 modfiles:
 	scripts/sync-modfiles
+
+## rebase: move onto a new amqp091-go release, e.g. make rebase VERSION=v1.17.0 (FULL=1: upstream's whole suite in every mode; ACCEPT_DRIFT=1 after reviewing the drift); see PATCHES.md
+rebase:
+	@test -n "$(VERSION)" || { echo "make rebase VERSION=vX.Y.Z [FULL=1] [ACCEPT_DRIFT=1]" >&2; exit 2; }
+	scripts/rebase $(if $(FULL),--full) $(if $(ACCEPT_DRIFT),--accept-drift) $(VERSION)
+
+## canary: when the module proxy has a newer amqp091-go than the PIN, rebase a scratch copy onto it and run upstream's suite in every mode (needs RabbitMQ)
+canary:
+	scripts/canary $(VERSION)
+
+## drift: check the drift guards (upstream/guards.txt) against the pinned release
+drift:
+	scripts/drift

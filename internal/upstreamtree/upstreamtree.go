@@ -129,7 +129,7 @@ func Build(ctx context.Context, src Sources, dir string) (Result, error) {
 		return Result{}, err
 	}
 	err = replaceDir(dir, func(tmp string) error {
-		if err := extract(src.Pin, zip, tmp); err != nil {
+		if err := Extract(src.Pin, zip, tmp); err != nil {
 			return err
 		}
 		for _, p := range src.Patches {
@@ -157,22 +157,38 @@ func Pristine(ctx context.Context, pin Pin, dir string) error {
 	if err != nil {
 		return err
 	}
-	return replaceDir(dir, func(tmp string) error { return extract(pin, zip, tmp) })
+	return replaceDir(dir, func(tmp string) error { return Extract(pin, zip, tmp) })
 }
 
 // Fetch downloads the pinned module zip through the Go module proxy and
 // returns its path in the module cache, after checking that its hash is the
 // pinned one.
 func Fetch(ctx context.Context, pin Pin) (string, error) {
+	zip, got, err := FetchVersion(ctx, pin.Path, pin.Version)
+	if err != nil {
+		return "", err
+	}
+	if got != pin.Hash {
+		return "", &HashMismatchError{Pin: pin, Got: got}
+	}
+	return zip, nil
+}
+
+// FetchVersion downloads path@version through the Go module proxy, as the
+// go command does for any dependency (so GOPROXY, GOSUMDB and friends
+// apply, and a version the checksum database does not vouch for is
+// refused), and returns the zip's path in the module cache and its h1:
+// hash, recomputed from the zip and checked against the go command's.
+func FetchVersion(ctx context.Context, path, version string) (zip, hash string, err error) {
 	// Run outside any module so that neither this repository's go.mod (and
 	// its replace directive) nor a go.work can change what is fetched.
 	scratch, err := os.MkdirTemp("", "upstreamtree-fetch-")
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer os.RemoveAll(scratch)
 
-	target := pin.Path + "@" + pin.Version
+	target := path + "@" + version
 	cmd := exec.CommandContext(ctx, "go", "mod", "download", "-json", target)
 	cmd.Dir = scratch
 	cmd.Env = append(os.Environ(), "GO111MODULE=on", "GOWORK=off", "GOFLAGS=-mod=mod")
@@ -189,16 +205,16 @@ func Fetch(ctx context.Context, pin Pin) (string, error) {
 		if msg == "" && runErr != nil {
 			msg = runErr.Error()
 		}
-		return "", fmt.Errorf("fetching %s through the Go module proxy: %s", target, msg)
+		return "", "", fmt.Errorf("fetching %s through the Go module proxy: %s", target, msg)
 	}
 	got, err := dirhash.HashZip(info.Zip, dirhash.Hash1)
 	if err != nil {
-		return "", fmt.Errorf("hashing %s: %w", info.Zip, err)
+		return "", "", fmt.Errorf("hashing %s: %w", info.Zip, err)
 	}
-	if got != pin.Hash {
-		return "", &HashMismatchError{Pin: pin, Got: got}
+	if got != info.Sum {
+		return "", "", fmt.Errorf("fetching %s: the zip in the module cache hashes to %s, but the go command says %s; clean the cache (go clean -modcache) and try again", target, got, info.Sum)
 	}
-	return info.Zip, nil
+	return info.Zip, got, nil
 }
 
 // HashMismatchError reports a fetched module whose hash is not the pinned one.
@@ -213,7 +229,9 @@ func (e *HashMismatchError) Error() string {
 		e.Pin.Path, e.Pin.Version, e.Got, e.Pin.Hash)
 }
 
-func extract(pin Pin, zip, dir string) error {
+// Extract unpacks a verified module zip of pin's module and version into
+// dir, which must not exist yet.
+func Extract(pin Pin, zip, dir string) error {
 	if err := modzip.Unzip(dir, module.Version{Path: pin.Path, Version: pin.Version}, zip); err != nil {
 		return fmt.Errorf("extracting %s@%s: %w", pin.Path, pin.Version, err)
 	}
