@@ -3,7 +3,7 @@ module github.com/amqp091-drainer/amqp091-drainer/otelamqp
 go 1.26.0
 
 require (
-	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/rabbitmq/amqp091-go v1.17.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/stdout/stdouttrace v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0

@@ -10,5 +10,5 @@ const ScopeName = "github.com/amqp091-drainer/amqp091-drainer/otelamqp"
 // instrumentation scope's version. It follows the amqp091-go release the
 // module instruments, since the hooks it relies on are that build's.
 func Version() string {
-	return "1.16.0"
+	return "1.17.0"
 }

@@ -14,7 +14,7 @@
 // holds the suite) and gocloud.dev/pubsub/rabbitpubsub v0.49.0 (with
 // gocloud.dev v0.49.0, whose pubsub/drivertest holds the conformance
 // tests). They ask for amqp091-go v1.10.0 and v1.15.0; the replace
-// below makes every build use the patched v1.16.0 tree.
+// below makes every build use the patched tree of the pinned release (upstream/PIN).
 module github.com/amqp091-drainer/amqp091-drainer/thirdparty
 
 go 1.26.0
@@ -22,7 +22,7 @@ go 1.26.0
 require (
 	github.com/ThreeDotsLabs/watermill v1.3.7
 	github.com/ThreeDotsLabs/watermill-amqp/v3 v3.0.2
-	github.com/rabbitmq/amqp091-go v1.16.0
+	github.com/rabbitmq/amqp091-go v1.17.0
 	github.com/stretchr/testify v1.12.1
 	gocloud.dev v0.49.0
 	gocloud.dev/pubsub/rabbitpubsub v0.49.0

@@ -213,11 +213,7 @@ func Accept(guards []Guard, upstream map[string]string) ([]Guard, error) {
 // Pinned checks the guards of the checkout at root against the release
 // its upstream/PIN names, fetched and verified as `make vendor` does.
 func Pinned(ctx context.Context, root string) (version string, guards []Guard, found []Finding, err error) {
-	pinData, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		return "", nil, nil, err
-	}
-	pin, err := upstreamtree.ParsePin(pinData)
+	pin, err := upstreamtree.ReadPin(root)
 	if err != nil {
 		return "", nil, nil, err
 	}
@@ -242,11 +238,7 @@ func Pinned(ctx context.Context, root string) (version string, guards []Guard, f
 // AcceptPinned records, in the checkout at root, the fingerprints of the
 // release its upstream/PIN names.
 func AcceptPinned(ctx context.Context, root string) error {
-	pinData, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		return err
-	}
-	pin, err := upstreamtree.ParsePin(pinData)
+	pin, err := upstreamtree.ReadPin(root)
 	if err != nil {
 		return err
 	}

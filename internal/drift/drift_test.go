@@ -39,11 +39,7 @@ func TestGuardsMatchThePinnedRelease(t *testing.T) {
 // the check to name it and our counterpart.
 func TestChangedUpstreamFunctionFailsTheCheck(t *testing.T) {
 	ctx := context.Background()
-	pinData, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pin, err := upstreamtree.ParsePin(pinData)
+	pin, err := upstreamtree.ReadPin(root)
 	if err != nil {
 		t.Fatal(err)
 	}

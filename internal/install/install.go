@@ -252,7 +252,7 @@ func Install(ctx context.Context, opts Options) (*Report, error) {
 		rep.say("go.mod: require %s %s -> %s", pin.Path, rep.Required, pin.Version)
 		// The tree is the pinned release and nothing else, so the
 		// requirement follows it; say which way that moved the module.
-		how := "an upgrade"
+		how := "an upgrade (upstream's CHANGELOG.md, in the vendored tree, says what " + pin.Version + " changes)"
 		if semver.Compare(rep.Required, pin.Version) > 0 {
 			how = "a downgrade: anything you use from " + rep.Required + " that " + pin.Version + " lacks will not compile"
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -175,10 +176,18 @@ func TestInstallRefusesModuleWithoutRequirement(t *testing.T) {
 func TestInstallOtherVersionWarnsAndSetsPinnedVersion(t *testing.T) {
 	t.Parallel()
 	pin := pinned(t)
+	// A pseudo-version after the pinned release: its next patch release, at
+	// a commit before it.
+	major, minor, patch := 0, 0, 0
+	if _, err := fmt.Sscanf(pin.Version, "v%d.%d.%d", &major, &minor, &patch); err != nil {
+		t.Fatalf("pin %s: %v", pin.Version, err)
+	}
+	after := fmt.Sprintf("v%d.%d.%d-0.20250101000000-abcdefabcdef", major, minor, patch+1)
 	for _, tc := range []struct{ version, direction string }{
 		{"v1.10.0", "an upgrade"},
-		{"v1.17.0", "a downgrade"},
-		{"v1.16.1-0.20250101000000-abcdefabcdef", "a downgrade"}, // a pseudo-version after v1.16.0
+		{"v1.16.0", "an upgrade"}, // the release pinned before v1.17.0
+		{"v1.99.0", "a downgrade"},
+		{after, "a downgrade"},
 	} {
 		t.Run(tc.version, func(t *testing.T) {
 			t.Parallel()

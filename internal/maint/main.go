@@ -177,11 +177,7 @@ func runLatest(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pinData, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		return err
-	}
-	pin, err := upstreamtree.ParsePin(pinData)
+	pin, err := upstreamtree.ReadPin(root)
 	if err != nil {
 		return err
 	}

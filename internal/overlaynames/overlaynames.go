@@ -376,29 +376,19 @@ func valueSpec(kind string, s *ast.ValueSpec, text func() (string, error), fn fu
 
 // baseTypeName returns T for a receiver of type T, *T, T[P] or *T[P].
 func baseTypeName(x ast.Expr) string {
+	if id := embeddedIdent(x); id != nil {
+		return id.Name
+	}
+	return ""
+}
+
+// embeddedIdent returns the identifier that names an embedded field or a
+// receiver's type: T in T, *T, (T), pkg.T and their instantiations.
+func embeddedIdent(x ast.Expr) *ast.Ident {
 	for {
 		switch t := x.(type) {
 		case *ast.ParenExpr:
 			x = t.X
-		case *ast.StarExpr:
-			x = t.X
-		case *ast.IndexExpr:
-			x = t.X
-		case *ast.IndexListExpr:
-			x = t.X
-		case *ast.Ident:
-			return t.Name
-		default:
-			return ""
-		}
-	}
-}
-
-// embeddedIdent returns the identifier that names an embedded field: T in
-// T, *T, pkg.T and their instantiations.
-func embeddedIdent(x ast.Expr) *ast.Ident {
-	for {
-		switch t := x.(type) {
 		case *ast.StarExpr:
 			x = t.X
 		case *ast.IndexExpr:

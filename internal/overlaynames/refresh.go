@@ -19,11 +19,7 @@ import (
 // verified against the pin as `make vendor` does, so that the list never
 // depends on whatever copy of the release happens to be in the module cache.
 func Refresh(ctx context.Context, root string, doc []byte) ([]byte, []Name, error) {
-	pinData, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		return nil, nil, err
-	}
-	pin, err := upstreamtree.ParsePin(pinData)
+	pin, err := upstreamtree.ReadPin(root)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -41,18 +37,7 @@ func Refresh(ctx context.Context, root string, doc []byte) ([]byte, []Name, erro
 		return nil, nil, err
 	}
 
-	paths, err := filepath.Glob(filepath.Join(root, "upstream", "_overlay", "*.go"))
-	if err != nil {
-		return nil, nil, err
-	}
-	if len(paths) == 0 {
-		return nil, nil, fmt.Errorf("no overlay files in %s", filepath.Join(root, "upstream", "_overlay"))
-	}
-	overlay := make([]string, len(paths))
-	for i, p := range paths {
-		overlay[i] = filepath.Base(p)
-	}
-	used, err := Used(filepath.Join(root, "upstream", "amqp091-go"), overlay, pristine)
+	used, err := CheckoutUse(root, pristine)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -61,4 +46,21 @@ func Refresh(ctx context.Context, root string, doc []byte) ([]byte, []Name, erro
 		return nil, nil, err
 	}
 	return updated, used, nil
+}
+
+// CheckoutUse is Used for the checkout at root: its overlay files
+// (upstream/_overlay/*.go) in its vendored tree (upstream/amqp091-go).
+func CheckoutUse(root string, pristine map[Name]string) ([]Name, error) {
+	paths, err := filepath.Glob(filepath.Join(root, "upstream", "_overlay", "*.go"))
+	if err != nil {
+		return nil, err
+	}
+	if len(paths) == 0 {
+		return nil, fmt.Errorf("no overlay files in %s", filepath.Join(root, "upstream", "_overlay"))
+	}
+	overlay := make([]string, len(paths))
+	for i, p := range paths {
+		overlay[i] = filepath.Base(p)
+	}
+	return Used(filepath.Join(root, "upstream", "amqp091-go"), overlay, pristine)
 }

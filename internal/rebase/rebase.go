@@ -153,11 +153,8 @@ func run(ctx context.Context, opts Options, rep *Report) error {
 		return fmt.Errorf("version %q: want a release such as v1.17.0", opts.Version)
 	}
 	root := opts.Root
-	pinData, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		return err
-	}
-	if rep.From, err = upstreamtree.ParsePin(pinData); err != nil {
+	var err error
+	if rep.From, err = upstreamtree.ReadPin(root); err != nil {
 		return err
 	}
 
@@ -636,16 +633,6 @@ func checkNames(root, oldTree, newTree string, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	patched := filepath.Join(root, "upstream", "amqp091-go")
-	overlay, err := drift.OverlayFiles(root)
-	if err != nil {
-		return err
-	}
-	var names []string
-	for n := range overlay {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	// The names the overlay used before the release, from the list as
 	// committed, for what moved.
 	doc := filepath.Join(root, "PATCHES.md")
@@ -653,7 +640,7 @@ func checkNames(root, oldTree, newTree string, rep *Report) error {
 	if err != nil {
 		return err
 	}
-	used, err := overlaynames.Used(patched, names, newDecl)
+	used, err := overlaynames.CheckoutUse(root, newDecl)
 	if err != nil {
 		return fmt.Errorf("type-checking the patched tree: %w", err)
 	}

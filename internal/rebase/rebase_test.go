@@ -16,11 +16,7 @@ const checkout = "../.."
 
 func pinned(t *testing.T, root string) upstreamtree.Pin {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pin, err := upstreamtree.ParsePin(data)
+	pin, err := upstreamtree.ReadPin(root)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,6 +55,15 @@ type Pin struct {
 // String formats the pin as a go.sum line.
 func (p Pin) String() string { return p.Path + " " + p.Version + " " + p.Hash }
 
+// ReadPin reads the pin of the checkout at root: its upstream/PIN.
+func ReadPin(root string) (Pin, error) {
+	data, err := os.ReadFile(filepath.Join(root, "upstream", "PIN"))
+	if err != nil {
+		return Pin{}, err
+	}
+	return ParsePin(data)
+}
+
 // ParsePin reads a pin in go.sum line format: "path version h1:hash".
 // Blank lines and lines starting with # are ignored; exactly one pin must
 // remain.

@@ -361,11 +361,13 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 		return true
 	}
 	// Sized from the header, but never trusted for more than one frame
-	// ahead of the bytes received.
+	// ahead of the bytes received; with no frame_max negotiated, for no
+	// more than upstream's default frame size, as upstream's recvContent
+	// bounds it since v1.17.0 (the size is the peer's word).
 	capacity := size
 	limit := uint64(maxFrame)
 	if limit == 0 {
-		limit = maxUnlimitedFrame
+		limit = defaultFrameSize
 	}
 	if capacity > limit {
 		capacity = limit

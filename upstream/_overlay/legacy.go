@@ -174,6 +174,7 @@ type legacyGen struct {
 	readEnd  time.Time     // when the last read returned
 	opened   bool          // handshake done
 	started  time.Time     // when the generation's socket was handed over
+	deadline time.Duration // how long its handshake may take (handshakeTimeout)
 	// hookFirst: the last read that tried without a cancel hook waited
 	// out cancelHookDelay, so reads hook at once until one ends within
 	// it. Only the transport lock's holder touches it.
@@ -205,6 +206,21 @@ func (l *legacyConn) current() *legacyGen {
 	return l.gen
 }
 
+// handshakeTimeout is how long a generation's handshake may take: the
+// dial's deadline, which legacy reads replace with their own. A recovering
+// connection knows its URI, and upstream's Reconnect dials with the URI's
+// connection_timeout (since v1.17.0); Open is not told the URI of a first
+// dial, so that one gets upstream's default, as its dialer does without a
+// connection_timeout.
+func (c *Connection) handshakeTimeout() time.Duration {
+	if c.url != "" {
+		if uri, err := ParseURI(c.url); err == nil {
+			return uri.connectionTimeout()
+		}
+	}
+	return defaultConnectionTimeout
+}
+
 // start prepares a generation; nothing runs until someone calls in.
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	g := &legacyGen{
@@ -212,6 +228,7 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 		split:    newFrameSplitter(&l.c.maxFrameSize),
 		lastSent: time.Now(),
 		started:  time.Now(),
+		deadline: l.c.handshakeTimeout(),
 	}
 	g.split.counts = &l.io
 	l.mu.Lock()
@@ -493,7 +510,7 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 		if !hasDeadline && !opened {
 			// During the handshake, stand in for the dial's handshake
 			// deadline, which an earlier, shorter read may have replaced.
-			deadline = g.started.Add(defaultConnectionTimeout)
+			deadline = g.started.Add(g.deadline)
 		}
 		hooked := ctx.Done() == nil // nothing to hook: no cancellation
 		if !hooked && !g.hookFirst && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {

@@ -26,8 +26,9 @@ import (
 //     and calls startReader, where upstream runs `go c.reader` and then
 //     c.open; Reconnect calls startReader where upstream runs `go c.reader`.
 //  2. openTune calls startHeartbeater where upstream runs `go c.heartbeater`.
-//  3. Connection.call and Channel.call hand the wait for a reply to
-//     connCall and chanCall, after the request has been sent.
+//  3. Connection.call hands the wait for a reply to connCall, after the
+//     request has been sent; Channel.call hands the whole call to
+//     callThrough, which sends and waits with chanCall.
 //  4. newChannel and Channel.resetState size each channel's rpc chan with
 //     rpcCap, so a read path can hand replies over without blocking, and
 //     newChannel ties the consumer buffers to the read path's budget
@@ -81,7 +82,9 @@ type readPath interface {
 	// errors and rpc are the generation's chans, read under c.m.
 	connCall(errors chan *Error, rpc chan message, res []message) error
 
-	// chanCall is connCall for a synchronous request on channel ch.
+	// chanCall is connCall for a synchronous request on channel ch;
+	// errors and rpc are the channel's chans as they were, under ch.m,
+	// before the request was sent (callThrough).
 	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
 
 	// opened runs when a generation's handshake has completed, right after
@@ -211,6 +214,33 @@ func (c *Connection) rpcCap() int {
 		return 0
 	}
 	return c.rp.base().rpcCap
+}
+
+// callThrough is Channel.call on a connection with a read path. It takes
+// the channel's errors and rpc chans before it sends the request, where
+// upstream's call takes them after. A request whose reply is a
+// channel.close (a passive declare of a missing queue, say) ends the
+// channel, and with recovery the channel is reset at once, with new chans:
+// a caller that looked at the chans only after that waited on the new
+// channel's, for a reply that never comes. Upstream's reader leaves
+// almost no time for that; a read path that dispatches the close while
+// the caller is still on its way out of send does not (legacy-autodrain
+// hung upstream's TestChannelRecoveryRestoresQosInEveryTopologyRecoveryMode
+// once in about a hundred runs under -race). Taken before, the chans are
+// the ones the reply or the end of that channel reaches: its errors close
+// when it ends.
+func (ch *Channel) callThrough(rp readPath, req message, res []message) error {
+	ch.m.Lock()
+	errors, rpc := ch.errors, ch.rpc
+	ch.m.Unlock()
+
+	if err := ch.send(req); err != nil {
+		return err
+	}
+	if !req.wait() {
+		return nil
+	}
+	return rp.chanCall(ch, errors, rpc, res)
 }
 
 // matchReply copies msg into the first of res with the same concrete type, as

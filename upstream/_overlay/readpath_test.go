@@ -6,7 +6,9 @@ package amqp091
 import (
 	"context"
 	"errors"
+	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -166,5 +168,83 @@ func TestDrainEventsWaitsForAFrame(t *testing.T) {
 	}
 	if err := c.DrainEvents(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("DrainEvents after Close = %v, want an ErrClosed", err)
+	}
+}
+
+// hookedWrites runs before, once, ahead of the next write to the transport.
+type hookedWrites struct {
+	io.ReadWriteCloser
+	before atomic.Pointer[func()]
+}
+
+func (w *hookedWrites) Write(p []byte) (int, error) {
+	if f := w.before.Swap(nil); f != nil {
+		(*f)()
+	}
+	return w.ReadWriteCloser.Write(p)
+}
+
+// TestChannelCallSeesTheEndOfTheChannelItSentOn ends and resets a channel
+// (as a recovery does after the broker closes it) while its RPC is being
+// written: the call must return the end of the channel it sent on, not
+// wait on the reset channel's chans for a reply that never comes
+// (callThrough).
+func TestChannelCallSeesTheEndOfTheChannelItSentOn(t *testing.T) {
+	modes := []ReadPath{Drainer(DrainerOptions{}), Legacy(LegacyOptions{}), Legacy(LegacyOptions{AutoDrain: true}), seamProbe{}}
+	for _, rp := range modes {
+		t.Run(rp.Mode(), func(t *testing.T) {
+			rwc, srv := newSession(t)
+			t.Cleanup(func() { rwc.Close() })
+			conn := &hookedWrites{ReadWriteCloser: rwc}
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				srv.connectionOpen()
+				srv.channelOpen(1)
+				srv.recv(1, &queueDeclare{})
+				srv.recv(0, &connectionClose{})
+				srv.send(0, &connectionCloseOk{})
+			}()
+
+			cfg := defaultConfig()
+			cfg.ReadPath = rp
+			c, err := Open(conn, cfg)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			ch, err := c.Channel()
+			if err != nil {
+				t.Fatalf("Channel: %v", err)
+			}
+			end := &Error{Code: NotFound, Reason: "NOT_FOUND - no queue 'missing'", Server: true}
+			reset := func() {
+				ch.shutdown(end)
+				ch.destructorM.Lock()
+				ch.m.Lock()
+				ch.resetState()
+				ch.m.Unlock()
+				ch.destructorM.Unlock()
+			}
+			conn.before.Store(&reset)
+
+			returned := make(chan error, 1)
+			go func() {
+				_, err := ch.QueueDeclarePassive("missing", false, false, false, false, nil)
+				returned <- err
+			}()
+			select {
+			case err = <-returned:
+			case <-time.After(10 * time.Second):
+				t.Fatal("QueueDeclarePassive still waiting 10s after its channel ended")
+			}
+			var amqpErr *Error
+			if !errors.As(err, &amqpErr) || amqpErr.Code != NotFound {
+				t.Fatalf("QueueDeclarePassive = %v, want the channel's end (%v)", err, end)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+			<-served
+		})
 	}
 }
