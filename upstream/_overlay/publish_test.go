@@ -516,13 +516,15 @@ func FuzzPublishEncoding(f *testing.F) {
 	})
 }
 
-// recordingRWC records what the client writes and fails writes on demand.
+// recordingRWC records what the client writes, fails writes on demand, and
+// runs a hook once ahead of the next write (beforeNextWrite).
 type recordingRWC struct {
 	io.ReadWriteCloser
 	mu     sync.Mutex
 	record bool
 	out    []byte
 	fail   error
+	before func()
 }
 
 func (r *recordingRWC) Write(p []byte) (int, error) {
@@ -535,8 +537,21 @@ func (r *recordingRWC) Write(p []byte) (int, error) {
 	if r.record {
 		r.out = append(r.out, p...)
 	}
+	before := r.before
+	r.before = nil
 	r.mu.Unlock()
+	if before != nil {
+		before()
+	}
 	return r.ReadWriteCloser.Write(p)
+}
+
+// beforeNextWrite makes the next write run f first, before its bytes
+// reach the peer.
+func (r *recordingRWC) beforeNextWrite(f func()) {
+	r.mu.Lock()
+	r.before = f
+	r.mu.Unlock()
 }
 
 func (r *recordingRWC) set(record bool, fail error) []byte {

@@ -6,9 +6,7 @@ package amqp091
 import (
 	"context"
 	"errors"
-	"io"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -171,19 +169,6 @@ func TestDrainEventsWaitsForAFrame(t *testing.T) {
 	}
 }
 
-// hookedWrites runs before, once, ahead of the next write to the transport.
-type hookedWrites struct {
-	io.ReadWriteCloser
-	before atomic.Pointer[func()]
-}
-
-func (w *hookedWrites) Write(p []byte) (int, error) {
-	if f := w.before.Swap(nil); f != nil {
-		(*f)()
-	}
-	return w.ReadWriteCloser.Write(p)
-}
-
 // TestChannelCallSeesTheEndOfTheChannelItSentOn ends and resets a channel
 // (as a recovery does after the broker closes it) while its RPC is being
 // written: the call must return the end of the channel it sent on, not
@@ -194,8 +179,8 @@ func TestChannelCallSeesTheEndOfTheChannelItSentOn(t *testing.T) {
 	for _, rp := range modes {
 		t.Run(rp.Mode(), func(t *testing.T) {
 			rwc, srv := newSession(t)
-			t.Cleanup(func() { rwc.Close() })
-			conn := &hookedWrites{ReadWriteCloser: rwc}
+			conn := &recordingRWC{ReadWriteCloser: rwc}
+			t.Cleanup(func() { conn.Close() })
 			served := make(chan struct{})
 			go func() {
 				defer close(served)
@@ -217,15 +202,14 @@ func TestChannelCallSeesTheEndOfTheChannelItSentOn(t *testing.T) {
 				t.Fatalf("Channel: %v", err)
 			}
 			end := &Error{Code: NotFound, Reason: "NOT_FOUND - no queue 'missing'", Server: true}
-			reset := func() {
+			conn.beforeNextWrite(func() {
 				ch.shutdown(end)
 				ch.destructorM.Lock()
 				ch.m.Lock()
 				ch.resetState()
 				ch.m.Unlock()
 				ch.destructorM.Unlock()
-			}
-			conn.before.Store(&reset)
+			})
 
 			returned := make(chan error, 1)
 			go func() {
