@@ -48,6 +48,10 @@ type Config struct {
 	// CloseTimeout of drainer and legacy connections and publishers
 	// (default 2 s).
 	CloseTimeout time.Duration
+	// NetTicktime is the cluster's net_ticktime (default 60 s,
+	// RabbitMQ's): the nodes notice a cut after 0.75–1.25 times it, which
+	// sets the target of a cut of the leader's node (5pmL).
+	NetTicktime time.Duration
 	// Window bounds the wait for every variant to resume after a fault
 	// (default 30 s).
 	Window time.Duration
@@ -69,6 +73,9 @@ func (c *Config) defaults() {
 	}
 	if c.CloseTimeout == 0 {
 		c.CloseTimeout = 2 * time.Second
+	}
+	if c.NetTicktime == 0 {
+		c.NetTicktime = 60 * time.Second
 	}
 	if c.Window == 0 {
 		c.Window = 30 * time.Second
@@ -120,26 +127,48 @@ type Result struct {
 	CloseErr string
 	// RepairNote is what the repair found (a partition still recorded).
 	RepairNote string
+	// ConsumerResumed says the consumer handled a delivery on a
+	// connection it set up after the fault (it consumed again);
+	// ConsumerResume is how long after the fault the first was, and
+	// ConsumerReconnects how many times it consumed again (basic.consume
+	// after the fault). The consumer is package failover's in every
+	// variant, upstream's included.
+	ConsumerResumed    bool
+	ConsumerResume     time.Duration
+	ConsumerReconnects int
+	// Timeline is what package failover's publisher did from the fault
+	// to the repair (events, the nodes it dialled, acks folded), seconds
+	// since the fault; empty for upstream.
+	Timeline string
 	// Err is a setup or teardown failure of this variant in this cell.
 	Err error
 }
 
 // ResumeTarget is the target for the time to resume: the confirm
 // timeout + 1 s after the publisher's node is cut from its peers (5, 5pm);
-// 1.5 × heartbeat + 1 s after its link is cut (6a); 1 s otherwise (a
-// node's death, the nack storm included, or a fault away from the
-// publisher).
+// the broker's own time + 1 s when that node also leads the queue (5pmL:
+// no node confirms before the majority noticed the cut, up to 1.25 ×
+// net_ticktime, and elected a new leader, about 0.5 s); 1.5 × heartbeat +
+// 1 s after its link is cut (6a); 1 s otherwise (a node's death, the nack
+// storm included, or a fault away from the publisher).
 func (c Config) ResumeTarget(f Fault) time.Duration {
 	c.defaults()
 	switch f.ID {
 	case "5+7", "5pm":
 		return c.ConfirmTimeout + time.Second
+	case "5pmL":
+		return c.NetTicktime*5/4 + electionTime + time.Second
 	case "6a":
 		return c.Heartbeat*3/2 + time.Second
 	default:
 		return time.Second
 	}
 }
+
+// electionTime is how long a quorum queue's new leader takes to be
+// elected once its members saw the old one go (measured under half a
+// second after a kill -9, fault 2).
+const electionTime = 500 * time.Millisecond
 
 // urlsFrom lists the cluster's URLs starting at node first.
 func urlsFrom(c *cluster.Cluster, first cluster.Node) []string {
@@ -247,6 +276,9 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 		}
 	}
 	tFault := time.Now()
+	for _, r := range runs {
+		r.tl.add(tFault, "fault")
+	}
 	for _, sc := range closers {
 		sc.closeAfter(stallProof(cfg))
 	}
@@ -267,6 +299,9 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 		pause(ctx, 2*time.Second)
 	}
 	tRepair := time.Now()
+	for _, r := range runs {
+		r.tl.add(tRepair, "repair")
+	}
 	logf("repair")
 	repairCtx, cancelRepair := context.WithTimeout(ctx, 5*time.Minute)
 	repairNote, repairErr := f.Repair(repairCtx, c)
@@ -318,6 +353,10 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 		}
 		sort.Strings(res.Errors)
 		res.Nacks, res.Failovers, res.Reopens, res.Abandons = r.counters()
+		if r.fp != nil {
+			res.Timeline = r.tl.since(tFault, tRepair)
+		}
+		res.ConsumerResume, res.ConsumerReconnects, res.ConsumerResumed = r.cl.resumedAfter(tFault)
 		res.Err = errors.Join(res.Err, r.err)
 	}
 	for _, sc := range closers {

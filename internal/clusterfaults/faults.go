@@ -26,7 +26,8 @@ import (
 
 // A Fault is one thing done to the cluster while clients run.
 type Fault struct {
-	// ID is short and stable (the issue's numbering): 1, 2, 3, 4, 5, 6a, 6b.
+	// ID is short and stable (the issue's numbering): 1, 2, 3, 4, 5+7,
+	// 5pm, 5pmL, 6a, 6b.
 	ID string
 	// Name says what happens, for tables.
 	Name string
@@ -51,11 +52,16 @@ type Fault struct {
 	// Partition marks a cut, whose resume target is the confirm timeout
 	// or heartbeat rather than the 1 s of a node's death.
 	Partition bool
+	// ConsumerLost marks a fault that takes the consumer's node away
+	// (killed, or its link cut): the consumer must consume again on
+	// another node, which the cell records (Result.ConsumerResumed).
+	ConsumerLost bool
 }
 
 // Faults are the issue's faults 1 to 7 (7 rides on 5; 5pm is 5 under
-// pause_minority instead of RabbitMQ's default ignore). hold is how long a
-// partition is kept.
+// pause_minority instead of RabbitMQ's default ignore; 5pmL is 5pm with
+// the queue's leader on the cut node). hold is how long a partition is
+// kept.
 func Faults(hold time.Duration) []Fault {
 	restart := func(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
 		return func(ctx context.Context, c *cluster.Cluster) (string, error) {
@@ -92,35 +98,54 @@ func Faults(hold time.Duration) []Fault {
 			}},
 		{ID: "4", Name: "kill -9 of the consumer's node",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: kill(cluster.C), Repair: restart(cluster.C)},
+			Inject: kill(cluster.C), Repair: restart(cluster.C), ConsumerLost: true},
 		{ID: "5+7", Name: "the publisher's node cut from its peers, still reachable; Close() during the cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
 			Inject: cut(cluster.B, cluster.CutPeers), Hold: hold, Repair: heal(cluster.B),
 			CloseDuring: true, Partition: true},
 		{ID: "5pm", Name: "the publisher's node cut from its peers, pause_minority",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: func(ctx context.Context, c *cluster.Cluster) error {
-				if err := SetPartitionHandling(ctx, c, "pause_minority"); err != nil {
-					return err
-				}
-				return c.Partition(cluster.B, cluster.CutPeers)
-			},
-			Hold: hold,
-			Repair: func(ctx context.Context, c *cluster.Cluster) (string, error) {
-				// The paused node resumes by itself once it sees its peers.
-				note, err := HealAndRejoin(ctx, c, cluster.B)
-				if err != nil {
-					return note, err
-				}
-				return note, SetPartitionHandling(ctx, c, "ignore")
-			},
+			Inject: pauseMinorityCut(cluster.B), Hold: hold, Repair: pauseMinorityHeal(cluster.B),
+			Partition: true},
+		// The leader is on the cut node: the majority must first notice
+		// the cut (0.75–1.25 × net_ticktime), then elect a new leader,
+		// before any node confirms, so the confirm timeout alone cannot
+		// make it short (issue #27, item 5).
+		{ID: "5pmL", Name: "the publisher's node, the leader, cut from its peers, pause_minority",
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
+			Inject: pauseMinorityCut(cluster.B), Hold: hold, Repair: pauseMinorityHeal(cluster.B),
 			Partition: true},
 		{ID: "6a", Name: "link of the publisher's node cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
 			Inject: cut(cluster.B, cluster.CutFull), Hold: hold, Repair: heal(cluster.B), Partition: true},
 		{ID: "6b", Name: "link of the consumer's node cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: cut(cluster.C, cluster.CutFull), Hold: hold, Repair: heal(cluster.C), Partition: true},
+			Inject: cut(cluster.C, cluster.CutFull), Hold: hold, Repair: heal(cluster.C), Partition: true,
+			ConsumerLost: true},
+	}
+}
+
+// pauseMinorityCut switches the cluster to pause_minority, then cuts n
+// from its peers: n, alone, pauses itself once it notices.
+func pauseMinorityCut(n cluster.Node) func(context.Context, *cluster.Cluster) error {
+	return func(ctx context.Context, c *cluster.Cluster) error {
+		if err := SetPartitionHandling(ctx, c, "pause_minority"); err != nil {
+			return err
+		}
+		return c.Partition(n, cluster.CutPeers)
+	}
+}
+
+// pauseMinorityHeal undoes pauseMinorityCut: the paused node resumes by
+// itself once it sees its peers; then the cluster goes back to ignore,
+// the suite's default.
+func pauseMinorityHeal(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+	return func(ctx context.Context, c *cluster.Cluster) (string, error) {
+		note, err := HealAndRejoin(ctx, c, n)
+		if err != nil {
+			return note, err
+		}
+		return note, SetPartitionHandling(ctx, c, "ignore")
 	}
 }
 

@@ -25,6 +25,58 @@ type run struct {
 
 	fp   *failover.Publisher // drainer and legacy
 	base *baseline           // upstream
+	tl   timeline            // failover's events, landings and acks
+	cl   consumerLog         // when the consumer consumed, and got deliveries
+}
+
+// consumerLog keeps the times the consumer started consuming (each
+// basic.consume-ok) and handled deliveries, to tell whether it consumed
+// again after a fault took its node away.
+type consumerLog struct {
+	mu        sync.Mutex
+	consuming []time.Time
+	delivered []time.Time
+}
+
+func (l *consumerLog) event(e failover.Event) {
+	if e.Kind != failover.EventConsuming {
+		return
+	}
+	l.mu.Lock()
+	l.consuming = append(l.consuming, e.Time)
+	l.mu.Unlock()
+}
+
+func (l *consumerLog) delivery(at time.Time) {
+	l.mu.Lock()
+	l.delivered = append(l.delivered, at)
+	l.mu.Unlock()
+}
+
+// resumedAfter returns the time from t to the first delivery handled
+// after the first basic.consume that followed t, and how many times the
+// consumer consumed after t; ok is false if no such delivery was handled.
+func (l *consumerLog) resumedAfter(t time.Time) (d time.Duration, reconsumes int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var first time.Time
+	for _, c := range l.consuming {
+		if c.After(t) {
+			if first.IsZero() {
+				first = c
+			}
+			reconsumes++
+		}
+	}
+	if first.IsZero() {
+		return 0, 0, false
+	}
+	for _, at := range l.delivered {
+		if at.After(first) {
+			return at.Sub(t), reconsumes, true
+		}
+	}
+	return 0, reconsumes, false
 }
 
 // options are the read path's options of the variant's connections:
@@ -48,6 +100,7 @@ type rotor struct {
 	cfg  amqp.Config
 	mu   sync.Mutex
 	next cluster.Node
+	pub  bool // the publisher's: landings go on the timeline
 }
 
 func (r *run) rotor(c *cluster.Cluster, first cluster.Node, cfg amqp.Config) *rotor {
@@ -64,6 +117,9 @@ func (ro *rotor) dial(ctx context.Context) (*amqp.Connection, error) {
 		return nil, err
 	}
 	landed := nodeOf(ro.c, conn.RemoteAddr())
+	if ro.pub {
+		ro.r.tl.add(time.Now(), "dialled "+string(landed))
+	}
 	ro.mu.Lock()
 	for i, n := range cluster.Nodes {
 		if n == landed {
@@ -93,7 +149,9 @@ func (r *run) consume(ctx context.Context, c *cluster.Cluster) {
 		Dial:     ro.dial,
 		Queue:    r.queue,
 		Prefetch: 500,
+		OnEvent:  r.cl.event,
 	}, func(_ context.Context, d amqp.Delivery) error {
+		r.cl.delivery(time.Now())
 		r.b.consumed(d.MessageId, d.Redelivered)
 		return nil
 	})
@@ -109,11 +167,13 @@ func (r *run) startPublisher(ctx context.Context, c *cluster.Cluster) error {
 		return err
 	}
 	ro := r.rotor(c, r.f.Publisher, amqp.Config{Heartbeat: r.cfg.Heartbeat})
+	ro.pub = true
 	p, err := failover.NewPublisher(ctx, failover.PublisherOptions{
 		Dial:           ro.dial,
 		MaxOutstanding: 1000,
 		ConfirmTimeout: r.cfg.ConfirmTimeout,
 		CloseTimeout:   r.cfg.CloseTimeout,
+		OnEvent:        r.tl.event,
 	})
 	r.fp = p
 	return err
@@ -148,6 +208,9 @@ func (r *run) publish(ctx context.Context) {
 				MessageId: id, Body: []byte(id), DeliveryMode: amqp.Persistent,
 			})
 			r.b.settle(id, t0, err)
+			if err == nil && r.fp != nil {
+				r.tl.add(time.Now(), "ack")
+			}
 		}()
 	}
 }

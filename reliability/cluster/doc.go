@@ -16,13 +16,18 @@
 // After each cell it checks, by message ID, that every confirmed message
 // was consumed or is still in the queue (lost = 0), that nothing was found
 // that was never published, that every publish call returned within its
-// bound, and that Close during a cut returned within CloseTimeout. Times to
+// bound, that Close during a cut returned within CloseTimeout, and, after
+// a fault that takes the consumer's node away (4, 6b), that the consumer
+// handled deliveries on a new connection. TestRecoveringConsumer checks
+// the same of a plain amqp091 consumer with Config.Recovery over
+// compat.DialCluster's endpoint list when its node is killed. Times to
 // resume are printed against the targets in a table (also written
 // to .cache/cluster/faults.md); as timing targets they are judged by the
 // benchmark, not here.
 //
 // A plain go test ./... skips it. AMQP091_CLUSTER=short (.ci/run) runs each
-// fault once; AMQP091_CLUSTER=full (make cluster) three times, 24 faults
-// per mode. Where the machine cannot run a cluster (not root, no ip netns,
+// fault once; AMQP091_CLUSTER=full (make cluster) three times, 27 faults
+// per mode. Each fault is a subtest named by its ID and round, so that
+// go test -run 'TestFaults/5pmL$' runs every round of one fault. Where the machine cannot run a cluster (not root, no ip netns,
 // no RabbitMQ install) it skips with the reason.
 package cluster

@@ -19,9 +19,16 @@ import (
 const failoverScenario = "failover"
 
 // failoverFaults are the faults the benchmark times: a kill of the
-// publisher's node (the nack storm included), its cut from its peers, and
-// its link cut.
-var failoverFaults = []string{"2", "5+7", "6a"}
+// publisher's node (the nack storm included), its cut from its peers, the
+// same cut when it also leads the queue (under pause_minority: the broker
+// confirms nothing until the others elect a new leader, so the gap is the
+// broker's time plus what the publisher's confirm-timeout backoff adds),
+// and its link cut.
+var failoverFaults = []string{"2", "5+7", "5pmL", "6a"}
+
+// failoverNetTicktime is the benchmark cluster's net_ticktime in seconds:
+// short, so that a cut is noticed within a fault's hold.
+const failoverNetTicktime = 5
 
 // failoverResult is the failover scenario's figures.
 type failoverResult struct {
@@ -56,7 +63,7 @@ func runFailover(ctx context.Context, cfg config) *failoverResult {
 	}
 	logf("failover: starting a three-node cluster (internal/cluster)")
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	c, err := cluster.Start(sctx, cluster.Options{PartitionHandling: "ignore", NetTicktime: 5})
+	c, err := cluster.Start(sctx, cluster.Options{PartitionHandling: "ignore", NetTicktime: failoverNetTicktime})
 	cancel()
 	if err != nil {
 		res.Skipped = "the cluster did not start: " + err.Error()
@@ -68,7 +75,7 @@ func runFailover(ctx context.Context, cfg config) *failoverResult {
 		}
 	}()
 
-	ccfg := clusterfaults.Config{Cluster: c, Logf: func(f string, a ...any) {
+	ccfg := clusterfaults.Config{Cluster: c, NetTicktime: failoverNetTicktime * time.Second, Logf: func(f string, a ...any) {
 		if os.Getenv("BENCH_VERBOSE") != "" {
 			logf(f, a...)
 		}
@@ -153,7 +160,8 @@ func writeFailover(w func(string, ...any), f *failoverResult) {
 		"manual acks per variant, side by side in every fault (internal/clusterfaults). Resume is the time "+
 		"from the fault to the first confirm of a message first published after it; the gap is the longest "+
 		"time without any confirm. Drainer and legacy publish through package failover (confirm timeout 2 s, "+
-		"heartbeat 2 s, CloseTimeout 2 s); upstream through upstream's automatic recovery and the retry loop "+
+		"heartbeat 2 s, CloseTimeout 2 s; the confirm timeout doubles after each abandonment with no ack since, up to 8 s); "+
+		"net_ticktime 5 s; upstream through upstream's automatic recovery and the retry loop "+
 		"its documentation suggests. %d repetitions; milliseconds.\n\n", f.Reps)
 	variants := []string{"upstream", "drainer", "legacy"}
 	for _, id := range failoverFaults {
@@ -175,6 +183,13 @@ func writeFailover(w func(string, ...any), f *failoverResult) {
 			met := f.Resume[id][v].N > 0 && f.NotResumed[id][v] == 0 &&
 				time.Duration(f.Resume[id][v].Max*float64(time.Millisecond)) <= f.Targets[id]
 			w("- target, %s resumes within %v in every repetition: **%s**\n", v, f.Targets[id], map[bool]string{true: "met", false: "not met"}[met])
+			if id == "5pmL" {
+				// The issue states this fault's target for the gap: the
+				// broker's own time (detection, election) + 1 s.
+				gapMet := ours.N > 0 && time.Duration(ours.Max*float64(time.Millisecond)) <= f.Targets[id]
+				w("- target, %s's longest gap within %v (the broker's detection + election + 1 s) in every repetition: **%s**\n",
+					v, f.Targets[id], map[bool]string{true: "met", false: "not met"}[gapMet])
+			}
 		}
 		w("\n")
 	}
