@@ -440,3 +440,55 @@ func TestDialClusterRecoversOntoTheNextEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// TestDialClusterAsksCredentialsPerAttempt: Config.Credentials is asked at
+// every attempt of DialCluster. The first answer is a wrong password: that
+// attempt is refused with an error naming the endpoint and the user, never
+// a password, and the next attempt logs in with the provider's next
+// answer.
+func TestDialClusterAsksCredentialsPerAttempt(t *testing.T) {
+	uri, err := amqp.ParseURI(testenv.AMQPURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := at(t, testenv.AMQPAddr(t), "")
+	for _, mode := range clusterModes {
+		t.Run(mode.String(), func(t *testing.T) {
+			var mu sync.Mutex
+			var calls int
+			cfg := amqp.Config{Credentials: func(context.Context) (amqp.Authentication, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				calls++
+				if calls == 1 {
+					return &amqp.PlainAuth{Username: uri.Username, Password: "wrong-password"}, nil
+				}
+				return &amqp.PlainAuth{Username: uri.Username, Password: uri.Password}, nil
+			}}
+			var log strings.Builder
+			var logMu sync.Mutex
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err := compat.DialCluster(ctx, []string{live, live}, mode, compat.WithConfig(cfg),
+				compat.WithLogger(slogTo(&logMu, &log)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			roundTrip(t, conn)
+			mu.Lock()
+			n := calls
+			mu.Unlock()
+			if n != 2 {
+				t.Fatalf("the provider was asked %d times, want once per attempt: 2", n)
+			}
+			logMu.Lock()
+			defer logMu.Unlock()
+			refused := log.String()
+			if !strings.Contains(refused, "login to "+testenv.AMQPAddr(t)) || !strings.Contains(refused, uri.Username) ||
+				strings.Contains(refused, "wrong-password") {
+				t.Fatalf("the refused attempt's log should name %s and user %s, never the password:\n%s", testenv.AMQPAddr(t), uri.Username, refused)
+			}
+		})
+	}
+}

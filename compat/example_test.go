@@ -154,3 +154,39 @@ func Example_rpcTimeout() {
 		log.Print("no basic.qos-ok within 10 s: the channel is closed")
 	}
 }
+
+// With automatic recovery, a delivery received before a recovery cannot
+// acknowledge a message delivered after it: its Ack is refused with
+// ErrStaleDelivery (which matches ErrClosed), and the message comes back
+// on the recovered channel, redelivered, with a tag of its own. Drainer
+// and legacy modes always keep tags unique; upstream mode does with
+// Config.SafeRecovery.
+func Example_ackAcrossRecovery() {
+	conn, err := compat.DialConfig("amqp://guest:guest@127.0.0.1:5672/",
+		amqp.Config{Recovery: &amqp.Recovery{}, SafeRecovery: true},
+		compat.Upstream)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	deliveries, err := ch.Consume("orders", "", false, false, false, false, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for d := range deliveries {
+		handle(d) // idempotent: a message handled but not acked before a loss comes back
+		switch err := d.Ack(false); {
+		case errors.Is(err, amqp.ErrStaleDelivery):
+			// The channel recovered while d was being handled: the
+			// broker redelivers d's message, whose ack settles it.
+		case err != nil:
+			log.Print(err)
+		}
+	}
+}
+
+func handle(amqp.Delivery) {}

@@ -33,6 +33,11 @@ type ConsumerStats struct {
 	AckErrors   uint64 // acks or nacks that failed (the connection was gone)
 	Connects    uint64 // basic.consume succeeded
 	Failovers   uint64 // connections or channels lost while consuming
+	// Cancels counts the broker's basic.cancel of the consumer (its queue
+	// deleted, a quorum queue's consumer timeout, ...). Each is followed,
+	// after a backoff, by a basic.consume on the same channel; one that
+	// fails (the queue is gone) ends the session like a lost channel.
+	Cancels uint64
 }
 
 // Consumer consumes one queue with manual acks, re-consuming on a new
@@ -90,6 +95,11 @@ func (c *Consumer) count(f func(*ConsumerStats)) {
 // consumes again; deliveries not acked before the loss are redelivered by
 // the broker (Redelivered set), so handlers must tolerate duplicates, which
 // the publisher's MessageId lets them detect.
+//
+// A basic.cancel from the broker (amqp.Channel.NotifyCancel) is not a
+// loss: the connection and channel are healthy. Run counts it (Cancels),
+// emits EventCancelled, waits Backoff's delay for the number of cancels
+// in a row (a delivery resets it), and consumes again on the same channel.
 func (c *Consumer) Run(ctx context.Context, handler func(ctx context.Context, d amqp.Delivery) error) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
@@ -134,7 +144,15 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *dr
 	stop := context.AfterFunc(ctx, func() { closeConn(conn, drain, time.Now()) })
 	timer := time.AfterFunc(setupTimeout, func() { closeConn(conn, drain, time.Now()) })
 	release := drain.hold()
-	deliveries, err := c.setup(conn)
+	ch, err := c.setup(conn)
+	var deliveries <-chan amqp.Delivery
+	var cancels chan string
+	if err == nil {
+		// One listener for the channel's life: the broker cancels only
+		// this channel's one consumer.
+		cancels = ch.NotifyCancel(make(chan string, 1))
+		deliveries, err = c.consume(ch)
+	}
 	release()
 	stop()
 	timer.Stop()
@@ -143,6 +161,7 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *dr
 	}
 	c.count(func(s *ConsumerStats) { s.Connects++ })
 	c.n.emit(Event{Kind: EventConsuming})
+	cancelled := 0 // broker cancels since the last delivery
 	for {
 		var d amqp.Delivery
 		var ok bool
@@ -152,8 +171,22 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *dr
 		case d, ok = <-deliveries:
 		}
 		if !ok {
+			// The broker's cancel reaches NotifyCancel before the
+			// deliveries chan closes, in every read mode.
+			select {
+			case tag, was := <-cancels:
+				if was {
+					cancelled++
+					if deliveries, err = c.reconsume(ctx, conn, drain, ch, tag, cancelled); err != nil {
+						return err
+					}
+					continue
+				}
+			default:
+			}
 			return fmt.Errorf("failover: deliveries ended: %w", amqp.ErrClosed)
 		}
+		cancelled = 0
 		c.count(func(s *ConsumerStats) {
 			s.Deliveries++
 			if d.Redelivered {
@@ -184,7 +217,8 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *dr
 	}
 }
 
-func (c *Consumer) setup(conn *amqp.Connection) (<-chan amqp.Delivery, error) {
+// setup opens the consumer's channel with its Qos.
+func (c *Consumer) setup(conn *amqp.Connection) (*amqp.Channel, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, err
@@ -192,5 +226,35 @@ func (c *Consumer) setup(conn *amqp.Connection) (<-chan amqp.Delivery, error) {
 	if err := ch.Qos(c.o.Prefetch, 0, false); err != nil {
 		return nil, err
 	}
+	return ch, nil
+}
+
+// consume starts the consumer on ch.
+func (c *Consumer) consume(ch *amqp.Channel) (<-chan amqp.Delivery, error) {
 	return ch.Consume(c.o.Queue, c.o.ConsumerTag, false, false, false, false, nil)
+}
+
+// reconsume is what follows the broker's n-th cancel in a row of consumer
+// tag: counted and reported, a backoff, and basic.consume again on ch,
+// bounded by setupTimeout as the first one is. Its error ends the session:
+// ctx's, or errSetup's (the queue is gone, say), after which Run redials
+// with its own backoff.
+func (c *Consumer) reconsume(ctx context.Context, conn *amqp.Connection, drain *drainLoop, ch *amqp.Channel, tag string, n int) (<-chan amqp.Delivery, error) {
+	c.count(func(s *ConsumerStats) { s.Cancels++ })
+	c.n.log.Warn("failover: the broker cancelled the consumer", "queue", c.o.Queue, "consumer_tag", tag, "in_a_row", n)
+	c.n.emit(Event{Kind: EventCancelled, Count: n})
+	if !sleepCtx(ctx, c.o.Backoff.delay(n)) {
+		return nil, ctx.Err()
+	}
+	timer := time.AfterFunc(setupTimeout, func() { closeConn(conn, drain, time.Now()) })
+	defer timer.Stop()
+	release := drain.hold()
+	defer release()
+	deliveries, err := c.consume(ch)
+	if err != nil {
+		return nil, fmt.Errorf("%w: consume again after a broker cancel: %w", errSetup, err)
+	}
+	c.count(func(s *ConsumerStats) { s.Connects++ })
+	c.n.emit(Event{Kind: EventConsuming})
+	return deliveries, nil
 }

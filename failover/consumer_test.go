@@ -99,3 +99,92 @@ func TestConsumerSurvivesConnectionLoss(t *testing.T) {
 		t.Logf("stats %+v; %d duplicate deliveries", st, dups)
 	})
 }
+
+// The broker cancels the consumer (its queue is deleted; a quorum
+// queue's consumer timeout cancels the same way): Run counts the cancel,
+// emits EventCancelled, backs off and consumes again on the same channel.
+// The queue is still gone, so that fails and Run redials with its
+// backoff; once the queue is back the consumer receives again.
+func TestConsumerReconsumesAfterBrokerCancel(t *testing.T) {
+	forModes(t, func(t *testing.T, mode compat.Mode) {
+		queue, ch := durableQueue(t)
+		var log eventLog
+		cancelled, lost := make(chan struct{}), make(chan struct{})
+		var onceCancelled, onceLost sync.Once
+		onEvent := func(e Event) {
+			log.add(e)
+			switch e.Kind {
+			case EventCancelled:
+				onceCancelled.Do(func() { close(cancelled) })
+			case EventConnectionLost:
+				onceLost.Do(func() { close(lost) })
+			}
+		}
+		c, err := NewConsumer(ConsumerOptions{Dial: cycleDial(mode, testenv.AMQPURL(t)), Queue: queue,
+			OnEvent: onEvent, Backoff: Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		got := make(chan string, 16)
+		runErr := make(chan error, 1)
+		go func() {
+			runErr <- c.Run(ctx, func(_ context.Context, d amqp.Delivery) error {
+				got <- d.MessageId
+				return nil
+			})
+		}()
+		publish := func(id string) {
+			t.Helper()
+			if err := ch.PublishWithContext(ctx, "", queue, false, false, amqp.Publishing{MessageId: id, Body: []byte("x")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		receive := func(id string) {
+			t.Helper()
+			select {
+			case m := <-got:
+				if m != id {
+					t.Fatalf("received %q, want %q", m, id)
+				}
+			case <-ctx.Done():
+				t.Fatalf("%q not received: %v", id, ctx.Err())
+			}
+		}
+
+		publish("m-0")
+		receive("m-0")
+		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-cancelled:
+		case <-ctx.Done():
+			t.Fatal("no EventCancelled after the queue was deleted")
+		}
+		select {
+		case <-lost:
+		case <-ctx.Done():
+			t.Fatal("consuming a deleted queue again did not end the session")
+		}
+		if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+			t.Fatal(err)
+		}
+		publish("m-1")
+		receive("m-1")
+
+		cancel()
+		if err := <-runErr; err != context.Canceled {
+			t.Errorf("Run = %v, want context.Canceled", err)
+		}
+		s := c.Stats()
+		t.Logf("%v: %+v", mode, s)
+		if s.Cancels != 1 || s.Acked != 2 || s.Connects != 2 || s.Failovers < 1 {
+			t.Errorf("stats %+v: want 1 cancel, 2 acked, 2 basic.consume and a failover (the queue was gone)", s)
+		}
+		if e, _ := log.first(EventCancelled); e.Count != 1 {
+			t.Errorf("the first EventCancelled has Count %d, want 1", e.Count)
+		}
+	})
+}

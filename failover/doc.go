@@ -56,7 +56,11 @@
 // ConfirmTimeout above the worst confirm latency of a healthy cluster
 // (seconds, not milliseconds), or it abandons healthy connections; a
 // broker that blocks publishers (connection.blocked, a resource alarm) also
-// stalls confirms, and trips it.
+// stalls confirms, and trips it. Consecutive abandonments with no ack
+// between them double the timeout in force, up to MaxConfirmTimeout (4 ×
+// ConfirmTimeout by default): a quorum queue whose leader was cut off
+// confirms on no node until its peers elect another, and a fixed timeout
+// would abandon the next node just before it answers.
 //
 // # Which node comes next
 //
@@ -82,7 +86,10 @@
 // lost connection or channel it redials, applies Qos again and consumes
 // again. The broker redelivers what was not acked (Redelivered set,
 // counted in ConsumerStats), so handlers must be idempotent or drop
-// duplicates by MessageId.
+// duplicates by MessageId. A basic.cancel from the broker (its queue
+// deleted, a quorum queue's consumer timeout) is no loss: the Consumer
+// counts it (ConsumerStats.Cancels, EventCancelled) and consumes again on
+// the same channel after Backoff's delay for the cancels in a row.
 //
 // # Not covered
 //

@@ -69,13 +69,14 @@ const (
 	EventFailed                              // a message gave up after MaxAttempts (MessageID, Err)
 	EventConsuming                           // the consumer's basic.consume succeeded
 	EventRedelivered                         // the consumer got a delivery with Redelivered set (MessageID)
+	EventCancelled                           // the broker cancelled the consumer (basic.cancel: its queue deleted, a consumer timeout); it consumes again after a backoff (Count: consecutive cancels)
 )
 
 var kindNames = map[EventKind]string{
 	EventConnected: "connected", EventDialFailed: "dial-failed", EventConnectionLost: "connection-lost",
 	EventNack: "nack", EventChannelReopen: "channel-reopen", EventRepublish: "republish",
 	EventAbandon: "abandon", EventAbandoned: "abandoned", EventFailed: "failed",
-	EventConsuming: "consuming", EventRedelivered: "redelivered",
+	EventConsuming: "consuming", EventRedelivered: "redelivered", EventCancelled: "cancelled",
 }
 
 func (k EventKind) String() string {
@@ -91,7 +92,7 @@ type Event struct {
 	Time      time.Time
 	Err       error
 	MessageID string
-	Count     int           // EventRepublish: messages republished
+	Count     int           // EventRepublish: messages republished; EventCancelled: broker cancels in a row
 	Latency   time.Duration // EventAbandoned: duration of CloseDeadline
 }
 

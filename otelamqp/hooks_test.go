@@ -3,6 +3,7 @@ package otelamqp_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -158,6 +159,8 @@ func TestMetricsHooks(t *testing.T) {
 	obs.Settled(amqp.SettleInfo{Kind: amqp.SettleAck, DeliveryTag: 1})
 	obs.Settled(amqp.SettleInfo{Kind: amqp.SettleNack, DeliveryTag: 2, Requeue: true})
 	obs.Settled(amqp.SettleInfo{Kind: amqp.SettleReject, DeliveryTag: 3})
+	obs.SettleRefused(amqp.SettleInfo{Kind: amqp.SettleAck, DeliveryTag: 2}, fmt.Errorf("ack: %w", amqp.ErrStaleDelivery))
+	obs.SettleRefused(amqp.SettleInfo{Kind: amqp.SettleNack, DeliveryTag: 99}, fmt.Errorf("nack: %w", amqp.ErrUnknownDeliveryTag))
 	obs.RPC(amqp.RPCInfo{Method: "queue.declare", Latency: time.Millisecond})
 	obs.RPC(amqp.RPCInfo{Method: "queue.declare", Err: &amqp.Error{Code: 406, Reason: "PRECONDITION_FAILED"}})
 	obs.BudgetPaused(amqp.BudgetInfo{Limit: 100, Used: 100})
@@ -180,6 +183,8 @@ func TestMetricsHooks(t *testing.T) {
 		{otelamqp.MetricDeliveryAcked, nil, 1},
 		{otelamqp.MetricDeliveryNacked, []attribute.KeyValue{attribute.Bool("amqp091.requeue", true)}, 1},
 		{otelamqp.MetricDeliveryRejected, []attribute.KeyValue{attribute.Bool("amqp091.requeue", false)}, 1},
+		{otelamqp.MetricSettleRefused, []attribute.KeyValue{attribute.String("amqp091.settle.kind", "ack"), attribute.String("error.type", "stale_delivery")}, 1},
+		{otelamqp.MetricSettleRefused, []attribute.KeyValue{attribute.String("amqp091.settle.kind", "nack"), attribute.String("error.type", "unknown_delivery_tag")}, 1},
 		{otelamqp.MetricRPCDuration, []attribute.KeyValue{attribute.String("amqp091.rpc.method", "queue.declare")}, 2},
 		{otelamqp.MetricRPCDuration, []attribute.KeyValue{attribute.String("error.type", "406")}, 1},
 		{otelamqp.MetricBudgetPauses, nil, 1},

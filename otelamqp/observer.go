@@ -27,6 +27,7 @@ const (
 	MetricDeliveryAcked    = "amqp091.delivery.acked"
 	MetricDeliveryNacked   = "amqp091.delivery.nacked"
 	MetricDeliveryRejected = "amqp091.delivery.rejected"
+	MetricSettleRefused    = "amqp091.delivery.settle_refused"
 	MetricRPCDuration      = "amqp091.rpc.duration"
 	MetricBudgetPauses     = "amqp091.budget.pauses"
 	MetricBudgetPauseTime  = "amqp091.budget.pause.duration"
@@ -43,6 +44,7 @@ const (
 	AttrReadMode        = attribute.Key("amqp091.read_mode")        // "drainer", "legacy", ...
 	AttrRequeue         = attribute.Key("amqp091.requeue")          // nack and reject
 	AttrReplyCode       = attribute.Key("amqp091.reply_code")       // basic.return
+	AttrSettleKind      = attribute.Key("amqp091.settle.kind")      // "ack", "nack", "reject"
 )
 
 // durationBuckets are the histogram bounds, in seconds, of every duration
@@ -75,6 +77,7 @@ type observer struct {
 	confirmed, nacked, returned metric.Int64Counter
 	confirmLatency              metric.Float64Histogram
 	acked, nackedD, rejected    metric.Int64Counter
+	settleRefused               metric.Int64Counter
 	rpcDuration                 metric.Float64Histogram
 	budgetPauses                metric.Int64Counter
 	budgetPauseTime             metric.Float64Histogram
@@ -116,6 +119,7 @@ func NewObserver(opts ...Option) *amqp.Observer {
 		Delivered:       o.delivered,
 		Handled:         o.handled,
 		Settled:         o.settled,
+		SettleRefused:   o.refusedHook,
 		RPC:             o.rpc,
 		BudgetPaused:    o.budgetPaused,
 		BudgetResumed:   o.budgetResumed,
@@ -185,6 +189,7 @@ func newObserver(cfg *config) *observer {
 	o.acked = counter(MetricDeliveryAcked, "{call}", "Deliveries the application acked; a multiple ack counts once.")
 	o.nackedD = counter(MetricDeliveryNacked, "{call}", "Deliveries the application nacked; a multiple nack counts once.")
 	o.rejected = counter(MetricDeliveryRejected, "{call}", "Deliveries the application rejected.")
+	o.settleRefused = counter(MetricSettleRefused, "{call}", "Acks, nacks and rejects refused and not sent: error.type stale_delivery for a delivery from before its channel recovered, unknown_delivery_tag for a tag never handed out.")
 	o.rpcDuration = histogram(MetricRPCDuration, "Time from a synchronous method's request to its reply.")
 	o.budgetPauses = counter(MetricBudgetPauses, "{pause}", "Times the drainer stopped reading because its memory budget was full.")
 	o.budgetPauseTime = histogram(MetricBudgetPauseTime, "How long the drainer's reading paused for the budget.")
@@ -422,6 +427,17 @@ func (o *observer) settled(si amqp.SettleInfo) {
 		}
 	}
 	c.Add(context.Background(), 1, set.add...)
+}
+
+// refusedHook counts an Ack, Nack or Reject that the connection refused
+// (a stale or unknown tag). It is rare, so it builds its set each time.
+func (o *observer) refusedHook(si amqp.SettleInfo, err error) {
+	reason := "unknown_delivery_tag"
+	if errors.Is(err, amqp.ErrStaleDelivery) {
+		reason = "stale_delivery"
+	}
+	set := extend(o.base.set, AttrSettleKind.String(si.Kind.String()), semconv.ErrorTypeKey.String(reason))
+	o.settleRefused.Add(context.Background(), 1, metric.WithAttributeSet(set))
 }
 
 func (o *observer) rpc(ri amqp.RPCInfo) {

@@ -458,7 +458,7 @@ func newFastDelivery(ch *Channel, m *deliverArgs, props *properties, body []byte
 		AppId:           props.AppId,
 
 		ConsumerTag: m.consumerTag,
-		DeliveryTag: m.deliveryTag,
+		DeliveryTag: ch.tags.handOut(m.deliveryTag), // unique across recoveries (recoverytags.go)
 		Redelivered: m.redelivered,
 		Exchange:    m.exchange,
 		RoutingKey:  m.routingKey,

@@ -64,8 +64,16 @@ type Observer struct {
 	// application (Channel.Ack, Nack, Reject, Delivery's methods) has
 	// been written to the socket. It is read off the written frames, so
 	// upstream's Channel needs no hook; a write that fails ends the
-	// connection instead, and the caller gets the error.
+	// connection instead, and the caller gets the error. Its DeliveryTag
+	// is therefore the broker's, as written: after a recovery, the
+	// application's tag less its generation's offset (recoverytags.go).
 	Settled func(SettleInfo)
+	// SettleRefused runs when Channel.Ack, Nack or Reject refuses a tag
+	// and sends nothing (recoverytags.go): err wraps ErrStaleDelivery for
+	// a delivery received before its channel recovered, and
+	// ErrUnknownDeliveryTag for a tag the channel never handed out. Its
+	// DeliveryTag is the application's, as passed to Ack.
+	SettleRefused func(info SettleInfo, err error)
 
 	// RPC runs when a synchronous method (QueueDeclare, Qos, Channel, the
 	// handshake's connection methods, ...) has its reply or failed.

@@ -159,11 +159,19 @@ func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error 
 		_ = conn.Close()
 		return err
 	}
+	if err := c.openCredentials(conn, &config); err != nil {
+		c.closed.Store(true)
+		_ = conn.Close()
+		return err
+	}
 	if rp != nil {
 		// Open calls this before c escapes to another goroutine, and
 		// Reconnect reuses c.rp, so no lock is needed.
 		c.rp = rp.attach(c)
 	}
 	c.startReader(conn)
+	if config.Credentials != nil {
+		return loginError(c.open(config), endpointOf(conn), config.SASL)
+	}
 	return c.open(config)
 }

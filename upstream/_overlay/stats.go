@@ -48,6 +48,14 @@ type Stats struct {
 	// DroppedListeners counts the listeners closed by the stall policy
 	// (DrainerOptions.DropStalledListener).
 	DroppedListeners uint64
+
+	// StaleSettlements counts the Acks, Nacks and Rejects refused with
+	// ErrStaleDelivery, and UnknownTagSettlements those refused with
+	// ErrUnknownDeliveryTag (recoverytags.go); nothing was sent for either.
+	// They count in every mode that keeps tags unique: the read paths, and
+	// upstream mode with Config.SafeRecovery.
+	StaleSettlements      uint64
+	UnknownTagSettlements uint64
 }
 
 // BudgetStats is the budget part of Stats.
@@ -104,6 +112,8 @@ type ConsumerStats struct {
 func (c *Connection) Stats() Stats {
 	now := time.Now()
 	s := Stats{Mode: c.ReadMode(), At: now}
+	s.StaleSettlements = c.recovery.stale.Load()
+	s.UnknownTagSettlements = c.recovery.unknown.Load()
 	if c.rp == nil {
 		s.FramesIn = c.dispatched.frames.Load()
 		return s
