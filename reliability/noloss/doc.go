@@ -30,8 +30,10 @@
 //   - A DeferredConfirmation is not resolved when the connection drops.
 //     It stays pending while recovery redials, and is resolved not acked
 //     (Done closes, Acked is false, Wait returns false, WaitContext false
-//     and no error) when recovery resets the channel, just before it
-//     sends channel.open and confirm.select again. (If recovery gives up,
+//     and no error; with safe recovery, as in drainer mode, WaitContext's
+//     error is amqp.ErrStaleConfirmation) when recovery resets the
+//     channel, just before it sends channel.open and confirm.select
+//     again. (If recovery gives up,
 //     its cleanup resolves it the same way, by the code.) Without
 //     recovery it is resolved at the loss itself, and the NotifyPublish
 //     listener is closed.

@@ -129,13 +129,17 @@ func (p *publisher) settle(f inflight, lost func() bool) bool {
 	defer cancel()
 	ok, err := f.dc.WaitContext(ctx)
 	switch {
-	case err != nil:
+	case err != nil && !errors.Is(err, amqp.ErrStaleConfirmation):
 		p.led.Outstanding(f.id)
 		p.note("confirmation for %s (tag %d) outstanding after %v: %v", f.id, f.dc.DeliveryTag, p.bound, err)
 	case ok:
 		p.led.Acked(f.id)
 		return true
 	default:
+		// Not acked: nacked, or (ErrStaleConfirmation, with safe recovery
+		// as in drainer mode) ended by recovery's reset of the channel.
+		// lost also follows the channel into its recovery, which
+		// runRecovery then waits out.
 		p.led.Nacked(f.id, lost())
 	}
 	// Not positively confirmed: the broker may or may not have it, so it
