@@ -65,6 +65,8 @@ func TestConsumerSurvivesConnectionLoss(t *testing.T) {
 						close(all)
 					}
 				}
+				// The handler's work, not synchronisation: it keeps
+				// deliveries unacked in flight when the cut lands.
 				time.Sleep(200 * time.Microsecond)
 				return nil
 			})

@@ -268,14 +268,21 @@ func (r *recovering) receive(t *testing.T, n int) []amqp.Delivery {
 	return got
 }
 
-// forceClose has the broker close the connection and waits until
-// automatic recovery has reopened it and the consumer's channel.
-func (r *recovering) forceClose(t *testing.T) {
+// brokerCloses has the broker force-close the connection, through the
+// management API.
+func (r *recovering) brokerCloses(t *testing.T) {
 	t.Helper()
 	name := r.api.connectionName(t, r.name)
 	if err := r.api.closeConnection(name, "recovery acks test"); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// forceClose has the broker close the connection and waits until
+// automatic recovery has reopened it and the consumer's channel.
+func (r *recovering) forceClose(t *testing.T) {
+	t.Helper()
+	r.brokerCloses(t)
 	awaitState(t, r.states, amqp.StateReconnecting)
 	awaitState(t, r.states, amqp.StateOpen)
 	awaitState(t, r.chStates, amqp.StateOpen)
@@ -560,10 +567,7 @@ func (r *recovering) use(t *testing.T) {
 // with.
 func (r *recovering) forceCloseFails(t *testing.T) error {
 	t.Helper()
-	name := r.api.connectionName(t, r.name)
-	if err := r.api.closeConnection(name, "recovery acks test"); err != nil {
-		t.Fatal(err)
-	}
+	r.brokerCloses(t)
 	timeout := time.After(2 * bound)
 	for {
 		select {

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"time"
 )
@@ -80,11 +79,11 @@ func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Dura
 // openCredentials is Open's: with Config.Credentials, config.SASL becomes
 // the provider's answer for this first login. c.url is not set yet, so the
 // bound is the default connection timeout.
-func (c *Connection) openCredentials(conn io.ReadWriteCloser, config *Config) error {
+func (c *Connection) openCredentials(config *Config) error {
 	if config.Credentials == nil {
 		return nil
 	}
-	sasl, err := credentialsFor(config.Credentials, endpointOf(conn), defaultConnectionTimeout)
+	sasl, err := credentialsFor(config.Credentials, c.endpoint(), defaultConnectionTimeout)
 	if err != nil {
 		return err
 	}
@@ -97,7 +96,7 @@ func (c *Connection) openCredentials(conn io.ReadWriteCloser, config *Config) er
 // attempt, with the provider's Authentication, or the secret of the last
 // UpdateSecret, when they apply.
 func (c *Connection) openRecovered() error {
-	endpoint := endpointOf(c.conn)
+	endpoint := c.endpoint()
 	switch {
 	case c.Config.Credentials != nil:
 		sasl, err := credentialsFor(c.Config.Credentials, endpoint, c.handshakeTimeout())
@@ -158,10 +157,12 @@ func loginError(err error, endpoint string, sasl []Authentication) error {
 	return fmt.Errorf("amqp: login to %s as %s refused: %w", endpoint, user, err)
 }
 
-// endpointOf names the broker at the other end of conn, for errors.
-func endpointOf(conn io.ReadWriteCloser) string {
-	if ra, ok := conn.(interface{ RemoteAddr() net.Addr }); ok && ra.RemoteAddr() != nil {
-		return ra.RemoteAddr().String()
+// endpoint names the broker at the other end of the connection's
+// transport, for errors: upstream's RemoteAddr, or "the broker" for a
+// transport without an address (RemoteAddr's zero TCPAddr).
+func (c *Connection) endpoint() string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok && a.Port == 0 && a.IP == nil {
+		return "the broker"
 	}
-	return "the broker"
+	return c.RemoteAddr().String()
 }

@@ -81,12 +81,12 @@ func TestWithSecretReplacesPasswordsOnly(t *testing.T) {
 
 func TestLoginErrorNamesEndpointAndUserNotPassword(t *testing.T) {
 	sasl := []Authentication{&PlainAuth{Username: "alice", Password: "s3cret-pw"}}
-	err := loginError(ErrCredentials, "10.0.0.1:5672", sasl)
+	err := loginError(ErrCredentials, "127.0.0.1:5672", sasl)
 	if !errors.Is(err, ErrCredentials) {
 		t.Fatalf("%v does not wrap ErrCredentials", err)
 	}
 	msg := err.Error()
-	if !strings.Contains(msg, "10.0.0.1:5672") || !strings.Contains(msg, `"alice"`) || strings.Contains(msg, "s3cret-pw") {
+	if !strings.Contains(msg, "127.0.0.1:5672") || !strings.Contains(msg, `"alice"`) || strings.Contains(msg, "s3cret-pw") {
 		t.Fatalf("login error %q: want the endpoint and the user, never the password", msg)
 	}
 	other := fmt.Errorf("dial: %w", ErrClosed)

@@ -159,7 +159,7 @@ func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error 
 		_ = conn.Close()
 		return err
 	}
-	if err := c.openCredentials(conn, &config); err != nil {
+	if err := c.openCredentials(&config); err != nil {
 		c.closed.Store(true)
 		_ = conn.Close()
 		return err
@@ -171,7 +171,7 @@ func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error 
 	}
 	c.startReader(conn)
 	if config.Credentials != nil {
-		return loginError(c.open(config), endpointOf(conn), config.SASL)
+		return loginError(c.open(config), c.endpoint(), config.SASL)
 	}
 	return c.open(config)
 }
