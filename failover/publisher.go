@@ -72,7 +72,8 @@ type PublisherOptions struct {
 	// after a quorum-queue leader election (see the package doc).
 	KeepChannelOnNack bool
 
-	// Backoff paces redials.
+	// Backoff paces redials, and channel reopens with no confirmation
+	// between them (a nack storm's capped, see the package doc).
 	Backoff Backoff
 
 	// SetupTimeout bounds opening a channel and confirm.select on a new
@@ -173,7 +174,19 @@ type chanGen struct {
 	failed   chan struct{} // closed by fail
 	failErr  error
 	nacked   bool // failed because of a nack: reopen the channel
+	// probe: opened during a nack storm, g carries one message at a
+	// time until the broker acks one (see reopenDelay).
+	probe probeKind
 }
+
+// probeKind says what a channel opened during a nack storm carries.
+type probeKind int
+
+const (
+	noProbe      probeKind = iota // every queued message
+	probeFree                     // one at a time; a nack is not charged to MaxAttempts
+	probeCharged                  // one at a time; a nack is charged
+)
 
 // fail ends g's use, once; the manager then retires it. Caller holds p.mu.
 func (g *chanGen) fail(err error, nack bool) {
@@ -247,7 +260,7 @@ func NewPublisher(ctx context.Context, o PublisherOptions) (*Publisher, error) {
 	}
 	cg := p.startConn(first)
 	stop := context.AfterFunc(ctx, func() { closeConn(cg.conn, cg.drain, time.Now()) })
-	g, err := p.openChannel(cg)
+	g, err := p.openChannel(cg, noProbe)
 	stop()
 	if err != nil {
 		p.retireConn(cg)
@@ -470,9 +483,10 @@ func (p *Publisher) retireConn(cg *connGen) {
 }
 
 // openChannel opens a channel in confirm mode on cg and starts its
-// listener and sender. It is bounded by SetupTimeout and by Close: either
+// listener and sender; a probe channel carries one message at a time until
+// the broker acks one. It is bounded by SetupTimeout and by Close: either
 // abandons the connection, which fails the RPC.
-func (p *Publisher) openChannel(cg *connGen) (*chanGen, error) {
+func (p *Publisher) openChannel(cg *connGen, probe probeKind) (*chanGen, error) {
 	timer := time.AfterFunc(p.o.SetupTimeout, func() { closeConn(cg.conn, cg.drain, time.Now()) })
 	stop := context.AfterFunc(p.ctx, func() { closeConn(cg.conn, cg.drain, time.Now()) })
 	release := cg.drain.hold()
@@ -494,6 +508,7 @@ func (p *Publisher) openChannel(cg *connGen) (*chanGen, error) {
 		inflight: map[uint64]*message{},
 		order:    list.New(),
 		failed:   make(chan struct{}),
+		probe:    probe,
 	}
 	// Room for every confirmation that can be outstanding (one per
 	// message, since upstream expands multiple acks), so the listener
@@ -543,11 +558,22 @@ func (p *Publisher) listen(g *chanGen, confirms <-chan amqp.Confirmation, closes
 			p.stats.AbandonStreak = 0
 			p.stats.ConfirmTimeoutNow = p.o.ConfirmTimeout
 			p.settle(m, nil)
+			// The storm is over: the rest may follow.
+			probed := g.probe != noProbe
+			g.probe = noProbe
 			p.mu.Unlock()
+			if probed {
+				p.kick()
+			}
 			continue
 		}
 		p.stats.Nacks++
 		m.lastNack = true
+		if g.probe == probeFree {
+			// The nack answers for the channel, which the broker opened
+			// during the election, not for the message.
+			m.attempts--
+		}
 		id := m.msg.MessageId
 		p.requeue(m, fmt.Errorf("basic.nack of delivery tag %d", c.DeliveryTag), true)
 		if !p.o.KeepChannelOnNack {
@@ -574,7 +600,9 @@ func (p *Publisher) send(g *chanGen) {
 		p.mu.Lock()
 		var m *message
 		for !g.dead && g.failErr == nil {
-			if e := p.queue.Front(); e != nil {
+			// A probe channel holds the rest back while its one
+			// message is unconfirmed.
+			if e := p.queue.Front(); e != nil && (g.probe == noProbe || g.order.Len() == 0) {
 				m = p.queue.Remove(e).(*message)
 				m.qelem = nil
 				break
@@ -682,6 +710,7 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 		tick = t.C
 	}
 	reopens, confirmedAtReopen := 0, ^uint64(0)
+	var stormStart time.Time // the first reopen since a confirmation
 	for {
 		if g != nil {
 			p.mu.Lock()
@@ -692,7 +721,7 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 			p.kick()
 		}
 		// Watch g until something ends it.
-		lost, reopen := false, false
+		lost, reopen, nacked := false, false, false
 		var cause error
 	watch:
 		for g != nil {
@@ -706,6 +735,7 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 			case <-g.failed:
 				p.mu.Lock()
 				cause, reopen = g.failErr, g.nacked
+				nacked = g.nacked
 				p.mu.Unlock()
 				if !reopen {
 					// A write error, or the channel closed: if the
@@ -749,20 +779,25 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 			if p.stats.Confirmed == confirmedAtReopen {
 				reopens++ // nothing confirmed since the last reopen
 			} else {
-				reopens = 0
+				reopens, stormStart = 0, time.Now()
 			}
 			confirmedAtReopen = p.stats.Confirmed
 			p.mu.Unlock()
 			p.n.log.Info("failover: reopening the channel", "cause", cause)
 			p.n.emit(Event{Kind: EventChannelReopen, Err: cause})
 			p.closeChannel(g)
-			// Back-to-back reopens with no confirmation between them
-			// (a leader election still running) back off, so that
-			// MaxAttempts is not spent in a few milliseconds.
-			if reopens > 0 && !sleepCtx(p.ctx, p.o.Backoff.delay(reopens)) {
+			storm := reopens > 0 && nacked
+			if reopens > 0 && !sleepCtx(p.ctx, p.reopenDelay(reopens, storm)) {
 				return
 			}
-			ng, err := p.openChannel(cg)
+			probe := noProbe
+			if storm {
+				probe = probeCharged
+				if time.Since(stormStart) < p.o.MaxConfirmTimeout {
+					probe = probeFree
+				}
+			}
+			ng, err := p.openChannel(cg, probe)
 			if err == nil {
 				g = ng
 				continue
@@ -785,7 +820,7 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 				return // Close
 			}
 			cg = p.startConn(conn)
-			if g, err = p.openChannel(cg); err != nil {
+			if g, err = p.openChannel(cg, noProbe); err != nil {
 				p.n.log.Warn("failover: channel setup failed", "err", err)
 				p.n.emit(Event{Kind: EventConnectionLost, Err: err})
 				p.retireConn(cg)
@@ -795,6 +830,38 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 			}
 		}
 	}
+}
+
+// reopenDelay is the wait before the channel reopen that follows n
+// reopens with no confirmation between them (a quorum queue's leader
+// election still running): Backoff's delay, so that a channel the broker
+// keeps closing is not reopened in a tight loop. In a nack storm (storm:
+// the channel was retired by a nack) the delay is capped at a quarter of
+// ConfirmTimeout (1 s without one), within Backoff's bounds: a channel
+// opened during the election nacks every publish for as long as it lives,
+// even after the election (TestRabbitMQNackStormAfterLeaderElection), so
+// only the next reopen sees that it ended, and an uncapped backoff (5 s
+// by default) would hold the publisher that long after the broker could
+// confirm again. The storm's channels are probe channels, which carry one
+// message at a time, so a reopen spends at most one attempt of one message
+// (MaxAttempts), not one of every unconfirmed message; and none within
+// MaxConfirmTimeout of the storm's first reopen, since a nack then
+// answers for the channel, opened during the election, not for the
+// message (the cluster suite's fault 5pmL: nacks for 4.3 s, which at 2
+// reopens a second spent MaxAttempts of the probe). Past it, the storm
+// is the broker refusing the message (a full queue with overflow
+// reject-publish, say), and MaxAttempts ends it with ErrNacked.
+func (p *Publisher) reopenDelay(n int, storm bool) time.Duration {
+	d := p.o.Backoff.delay(n)
+	if !storm {
+		return d
+	}
+	limit := time.Second
+	if p.o.ConfirmTimeout > 0 {
+		limit = min(limit, p.o.ConfirmTimeout/4)
+	}
+	limit = min(max(limit, p.o.Backoff.Initial), p.o.Backoff.Max)
+	return min(d, limit)
 }
 
 // backedOff is the confirm timeout after streak consecutive abandonments:

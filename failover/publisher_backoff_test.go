@@ -44,6 +44,36 @@ func TestBackedOffConfirmTimeout(t *testing.T) {
 	}
 }
 
+// The reopen delay: Backoff's, capped in a nack storm at a quarter of
+// ConfirmTimeout (1 s without one), within Backoff's bounds.
+func TestReopenDelay(t *testing.T) {
+	const ms = time.Millisecond
+	for _, tc := range []struct {
+		name    string
+		o       PublisherOptions
+		n       int
+		storm   bool
+		ceiling time.Duration // the delay before its jitter (up to 20 % less)
+	}{
+		{"channel closes back off to Backoff.Max", PublisherOptions{ConfirmTimeout: 2000 * ms}, 12, false, 5000 * ms},
+		{"storm: a quarter of ConfirmTimeout", PublisherOptions{ConfirmTimeout: 2000 * ms}, 12, true, 500 * ms},
+		{"storm, early: Backoff's own", PublisherOptions{ConfirmTimeout: 2000 * ms}, 2, true, 100 * ms},
+		{"storm without ConfirmTimeout: 1 s", PublisherOptions{}, 12, true, 1000 * ms},
+		{"storm, long ConfirmTimeout: 1 s", PublisherOptions{ConfirmTimeout: 60000 * ms}, 12, true, 1000 * ms},
+		{"storm, Backoff.Max below the cap", PublisherOptions{ConfirmTimeout: 2000 * ms, Backoff: Backoff{Max: 200 * ms}}, 12, true, 200 * ms},
+		{"storm, Backoff.Initial above the cap", PublisherOptions{ConfirmTimeout: 40 * ms, Backoff: Backoff{Initial: 50 * ms}}, 12, true, 50 * ms},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &Publisher{o: tc.o.withDefaults()}
+			for range 20 {
+				if got := p.reopenDelay(tc.n, tc.storm); got > tc.ceiling || got < tc.ceiling*4/5 {
+					t.Fatalf("reopenDelay(%d, %v) = %v, want %v less up to 20 %% jitter", tc.n, tc.storm, got, tc.ceiling)
+				}
+			}
+		})
+	}
+}
+
 // A broker that confirms on no node, as during the leader election that
 // follows a cut of the leader's node: each abandonment with no ack since
 // the previous one doubles the confirm timeout of the next connection, up

@@ -174,6 +174,81 @@ func TestNackStormReopensChannel(t *testing.T) {
 	})
 }
 
+// The peer nacks everything on its first five channels, as RabbitMQ
+// does on every channel opened while a leader election runs. The first
+// reopen republishes everything unconfirmed; the reopens after it, with
+// nothing confirmed in between, are a storm: each of their channels
+// carries one message (a probe) until the broker acks one, and the sixth
+// channel, whose probe is acked, carries everything else. Within
+// MaxConfirmTimeout of the storm's start a probe's nack is not charged:
+// with MaxAttempts 3, the message nacked on the first two channels and
+// probed on the next three is still confirmed.
+func TestNackStormProbes(t *testing.T) {
+	forModes(t, func(t *testing.T, mode compat.Mode) {
+		const stormChannels, n = 5, 100
+		var mu sync.Mutex
+		carried := map[int]int{} // messages published, by channel index
+		peer := fakepeer.Listen(t)
+		peer.Serve(brokerScript{decide: func(m published) action {
+			mu.Lock()
+			carried[m.chIndex]++
+			mu.Unlock()
+			if m.chIndex < stormChannels {
+				return nack
+			}
+			return ack
+		}}.run)
+		p := newPublisher(t, PublisherOptions{Dial: cycleDial(mode, peer.URL()), MaxAttempts: 3,
+			ConfirmTimeout: 10 * time.Second, // a storm grace of 40 s
+			Backoff:        Backoff{Initial: time.Millisecond, Max: 10 * time.Millisecond}})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := firstErr(publishAll(ctx, p, n, 32, idMsg("q"))); err != nil {
+			t.Fatal(err)
+		}
+		st := p.Stats()
+		mu.Lock()
+		defer mu.Unlock()
+		t.Logf("messages carried by channel index: %v; stats %+v", carried, st)
+		if st.Confirmed != n || st.Failed != 0 || st.ChannelReopens != stormChannels || st.Failovers != 0 {
+			t.Fatalf("stats %+v: want %d confirmed, none failed, %d reopens, no failover", st, n, stormChannels)
+		}
+		for i := 2; i < stormChannels; i++ {
+			if carried[i] != 1 {
+				t.Fatalf("storm channel %d carried %d messages, want 1 (a probe)", i, carried[i])
+			}
+		}
+		if carried[stormChannels] != n {
+			t.Fatalf("channel %d, whose probe was acked, carried %d messages, want all %d", stormChannels, carried[stormChannels], n)
+		}
+	})
+}
+
+// A storm that outlasts MaxConfirmTimeout is the broker refusing the
+// message: its probes' nacks are charged again, and MaxAttempts ends it.
+func TestNackStormPastGraceFails(t *testing.T) {
+	forModes(t, func(t *testing.T, mode compat.Mode) {
+		peer := fakepeer.Listen(t)
+		peer.Serve(brokerScript{decide: func(published) action { return nack }}.run)
+		p := newPublisher(t, PublisherOptions{Dial: cycleDial(mode, peer.URL()), MaxAttempts: 3,
+			ConfirmTimeout: 200 * time.Millisecond, // a storm grace of 800 ms
+			Backoff:        Backoff{Initial: time.Millisecond, Max: 10 * time.Millisecond}})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		start := time.Now()
+		err := p.Publish(ctx, "", "q", false, amqp.Publishing{Body: []byte("x")})
+		took := time.Since(start)
+		if !errors.Is(err, ErrNacked) {
+			t.Fatalf("Publish: %v, want ErrNacked", err)
+		}
+		st := p.Stats()
+		if st.Failed != 1 || st.Published <= 3 || took < 800*time.Millisecond {
+			t.Fatalf("stats %+v after %v: want 1 failed, more than MaxAttempts (3) published, at least the grace (800 ms)", st, took)
+		}
+		t.Logf("failed after %v and %d publishes, %d of them free probes: %v", took.Round(time.Millisecond), st.Published, st.Published-3, err)
+	})
+}
+
 func TestNackedForever(t *testing.T) {
 	forModes(t, func(t *testing.T, mode compat.Mode) {
 		peer := fakepeer.Listen(t)

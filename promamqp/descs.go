@@ -21,6 +21,7 @@ type descs struct {
 	bytesIn, bytesOut                                   *prometheus.Desc
 	framesIn, framesOut                                 *prometheus.Desc
 	writes, coalescedPublishes                          *prometheus.Desc
+	settleRefused                                       *prometheus.Desc
 	info                                                *prometheus.Desc
 	budgetLimit, budgetUsed                             *prometheus.Desc
 	budgetPaused, budgetPausedSeconds                   *prometheus.Desc
@@ -86,6 +87,9 @@ func (d *descs) init(cfg *config) {
 		"Writes of frames to the connection's socket (a write or writev system call each), heartbeats not counted; frames_sent_total over this is the frames per write.", c...)
 	d.coalescedPublishes = desc("coalesced_publishes_total",
 		"Publishes that went out in the same write as another publisher's (CoalescePublishes); 0 with the option off.", c...)
+	d.settleRefused = desc("settle_refused_total",
+		"Acks, nacks and rejects refused and not sent, by reason: stale_delivery for a delivery from before its channel recovered, unknown_delivery_tag for a tag never handed out (safe recovery; always 0 without it).",
+		"connection", "reason")
 	d.budgetLimit = desc("budget_limit_bytes",
 		"The drainer's memory budget; 0 when the read path keeps none (legacy mode).", c...)
 	d.budgetUsed = desc("budget_used_bytes",
@@ -141,6 +145,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.bytesIn, d.bytesOut,
 		d.framesIn, d.framesOut,
 		d.writes, d.coalescedPublishes,
+		d.settleRefused,
 		d.budgetLimit, d.budgetUsed,
 		d.budgetPaused, d.budgetPausedSeconds,
 		d.listenerQueued, d.listenerQueuedBytes, d.listenerOldest,

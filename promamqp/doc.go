@@ -66,6 +66,7 @@
 //	amqp091_frames_sent_total                    frames written
 //	amqp091_socket_writes_total                  writes of frames to the socket
 //	amqp091_coalesced_publishes_total            publishes that shared another's write
+//	amqp091_settle_refused_total{reason}         acks refused: stale_delivery, unknown_delivery_tag
 //	amqp091_budget_limit_bytes                   the drainer's budget
 //	amqp091_budget_used_bytes                    bytes waiting for the application
 //	amqp091_budget_paused                        1 while reading is paused
@@ -82,5 +83,6 @@
 // are unbounded over a process's life and would make a series each.
 // WithChannelLabels and WithConsumerTagLabels add those labels for
 // debugging. In upstream mode, whose reader counts only the frames it
-// reads, only connection_info and frames_received_total are sent.
+// reads, only connection_info, frames_received_total and
+// settle_refused_total (counted with Config.SafeRecovery) are sent.
 package promamqp

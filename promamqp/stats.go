@@ -58,6 +58,9 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, name string, s *am
 
 	send(d.info, gauge, 1, name, s.Mode)
 	send(d.framesIn, counter, float64(s.FramesIn), name)
+	// Counted in every mode (upstream's with Config.SafeRecovery).
+	send(d.settleRefused, counter, float64(s.StaleSettlements), name, "stale_delivery")
+	send(d.settleRefused, counter, float64(s.UnknownTagSettlements), name, "unknown_delivery_tag")
 	if s.Mode == "upstream" {
 		// Upstream's reader counts the frames it dispatches and nothing
 		// else (amqp.Stats): a 0 for the rest would read as "no traffic"

@@ -29,6 +29,7 @@ var statsMetrics = []string{
 	"amqp091_bytes_received_total", "amqp091_bytes_sent_total",
 	"amqp091_frames_received_total", "amqp091_frames_sent_total",
 	"amqp091_socket_writes_total", "amqp091_coalesced_publishes_total",
+	"amqp091_settle_refused_total",
 	"amqp091_budget_limit_bytes", "amqp091_budget_used_bytes",
 	"amqp091_budget_paused", "amqp091_budget_paused_seconds_total",
 	"amqp091_listener_queued", "amqp091_listener_queued_bytes", "amqp091_listener_oldest_seconds",
@@ -43,6 +44,7 @@ var sample = amqp.Stats{
 	BytesOut: 2000,
 	FramesIn: 10, FramesOut: 20,
 	Writes: 7, CoalescedPublishes: 2,
+	StaleSettlements: 3, UnknownTagSettlements: 1,
 	Budget: amqp.BudgetStats{Limit: 4096, Used: 3000, Paused: true, Pauses: 3, PausedTotal: 1500 * time.Millisecond},
 	Listeners: []amqp.ListenerStats{
 		{Kind: amqp.KindNotifyPublish, Channel: 1, Queued: 5, QueuedBytes: 500, OldestAge: 2 * time.Second},
@@ -78,6 +80,10 @@ amqp091_socket_writes_total{connection="c1"} 7
 # HELP amqp091_coalesced_publishes_total Publishes that went out in the same write as another publisher's (CoalescePublishes); 0 with the option off.
 # TYPE amqp091_coalesced_publishes_total counter
 amqp091_coalesced_publishes_total{connection="c1"} 2
+# HELP amqp091_settle_refused_total Acks, nacks and rejects refused and not sent, by reason: stale_delivery for a delivery from before its channel recovered, unknown_delivery_tag for a tag never handed out (safe recovery; always 0 without it).
+# TYPE amqp091_settle_refused_total counter
+amqp091_settle_refused_total{connection="c1",reason="stale_delivery"} 3
+amqp091_settle_refused_total{connection="c1",reason="unknown_delivery_tag"} 1
 # HELP amqp091_budget_limit_bytes The drainer's memory budget; 0 when the read path keeps none (legacy mode).
 # TYPE amqp091_budget_limit_bytes gauge
 amqp091_budget_limit_bytes{connection="c1"} 4096
@@ -189,8 +195,8 @@ amqp091_consumer_queued_bytes{channel="2",connection="c1",consumer_tag="orders"}
 	})
 }
 
-// Upstream mode counts only FramesIn: the rest is left out rather than
-// reported as zeros.
+// Upstream mode counts only FramesIn and, with Config.SafeRecovery, the
+// refused settlements: the rest is left out rather than reported as zeros.
 func TestStatsUpstreamMode(t *testing.T) {
 	want := `
 # HELP amqp091_connection_info Always 1; its labels say which read mode a watched connection runs in.
@@ -199,8 +205,12 @@ amqp091_connection_info{connection="u",mode="upstream"} 1
 # HELP amqp091_frames_received_total AMQP frames read from the connection's socket, heartbeats included.
 # TYPE amqp091_frames_received_total counter
 amqp091_frames_received_total{connection="u"} 42
+# HELP amqp091_settle_refused_total Acks, nacks and rejects refused and not sent, by reason: stale_delivery for a delivery from before its channel recovered, unknown_delivery_tag for a tag never handed out (safe recovery; always 0 without it).
+# TYPE amqp091_settle_refused_total counter
+amqp091_settle_refused_total{connection="u",reason="stale_delivery"} 2
+amqp091_settle_refused_total{connection="u",reason="unknown_delivery_tag"} 0
 `
-	f := fixedStats{c: New(), name: "u", s: amqp.Stats{Mode: "upstream", FramesIn: 42}}
+	f := fixedStats{c: New(), name: "u", s: amqp.Stats{Mode: "upstream", FramesIn: 42, StaleSettlements: 2}}
 	if err := testutil.CollectAndCompare(f, strings.NewReader(want), statsMetrics...); err != nil {
 		t.Fatal(err)
 	}

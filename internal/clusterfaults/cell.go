@@ -105,6 +105,13 @@ type Result struct {
 	// MaxGap is the longest time without any confirm, from the fault to
 	// the repair.
 	MaxGap time.Duration
+	// AfterNack is how long after the broker's last nack before Resume
+	// the publisher resumed; NackedFirst says there was such a nack
+	// (package failover's publisher only). The broker refuses until its
+	// leader election ends, so what follows its last nack is the
+	// client's share of the gap.
+	AfterNack   time.Duration
+	NackedFirst bool
 	// Published and Confirmed count distinct IDs.
 	Published, Confirmed int
 	// Nacks, Failovers, Reopens and Abandons come from the publisher.
@@ -128,10 +135,10 @@ type Result struct {
 	// RepairNote is what the repair found (a partition still recorded).
 	RepairNote string
 	// ConsumerResumed says the consumer handled a delivery on a
-	// connection it set up after the fault (it consumed again);
-	// ConsumerResume is how long after the fault the first was, and
-	// ConsumerReconnects how many times it consumed again (basic.consume
-	// after the fault). The consumer is package failover's in every
+	// connection it set up after the fault's injection began (it
+	// consumed again); ConsumerResume is how long after that the first
+	// was, and ConsumerReconnects how many times it consumed again
+	// (basic.consume since). The consumer is package failover's in every
 	// variant, upstream's included.
 	ConsumerResumed    bool
 	ConsumerResume     time.Duration
@@ -157,6 +164,8 @@ func (c Config) ResumeTarget(f Fault) time.Duration {
 	case "5+7", "5pm":
 		return c.ConfirmTimeout + time.Second
 	case "5pmL":
+		// The bound, with its estimate of the election; the
+		// table also judges the client's share alone (ClientShare).
 		return c.NetTicktime*5/4 + electionTime + time.Second
 	case "6a":
 		return c.Heartbeat*3/2 + time.Second
@@ -164,6 +173,13 @@ func (c Config) ResumeTarget(f Fault) time.Duration {
 		return time.Second
 	}
 }
+
+// ClientShare bounds the client's share of fault 5pmL's gap: from the
+// broker's last nack (its election still running) to the first confirm
+// of a message published after the fault. A nack storm's reopens are
+// capped at a quarter of ConfirmTimeout (failover.Publisher), so this is
+// that, a channel.open and a round trip.
+const ClientShare = time.Second
 
 // electionTime is how long a quorum queue's new leader takes to be
 // elected once its members saw the old one go (measured under half a
@@ -270,6 +286,10 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 	}
 
 	logf("inject: %s", f.Name)
+	// A kill returns once the node's process is gone, which may be after
+	// the consumer noticed and consumed elsewhere: the consumer is
+	// judged from the start of the injection.
+	tInject := time.Now()
 	if err := f.Inject(ctx, c); err != nil {
 		for _, r := range runs {
 			r.err = errors.Join(r.err, fmt.Errorf("inject: %w", err))
@@ -344,6 +364,12 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 		res := &results[i]
 		res.Resume, res.Resumed = r.b.resumedAfter(tFault)
 		res.MaxGap = r.b.maxGap(tFault, tRepair)
+		if res.Resumed && r.fp != nil {
+			resumed := tFault.Add(res.Resume)
+			if at, ok := r.tl.lastBefore("nack", tFault, resumed); ok {
+				res.AfterNack, res.NackedFirst = resumed.Sub(at), true
+			}
+		}
 		res.Published, res.Confirmed = len(r.b.started), r.b.confirmedCount()
 		res.Lost, res.Duplicates, res.Phantoms, res.LostIDs = r.b.audit()
 		res.Redelivered = r.b.redeliv
@@ -356,7 +382,7 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 		if r.fp != nil {
 			res.Timeline = r.tl.since(tFault, tRepair)
 		}
-		res.ConsumerResume, res.ConsumerReconnects, res.ConsumerResumed = r.cl.resumedAfter(tFault)
+		res.ConsumerResume, res.ConsumerReconnects, res.ConsumerResumed = r.cl.resumedAfter(tInject)
 		res.Err = errors.Join(res.Err, r.err)
 	}
 	for _, sc := range closers {

@@ -26,6 +26,13 @@ func Table(cfg Config, results []Result) string {
 			} else {
 				target += " **missed**"
 			}
+			if r.Fault.ID == "5pmL" && r.NackedFirst {
+				share := "met"
+				if r.AfterNack > ClientShare {
+					share = "**missed**"
+				}
+				target += fmt.Sprintf("; %s after the last nack, ≤ %s %s", ms(r.AfterNack), ms(ClientShare), share)
+			}
 		}
 		counters := fmt.Sprintf("%d / %d / %d", r.Failovers, r.Reopens, r.Abandons)
 		if r.Variant.Baseline {

@@ -20,6 +20,7 @@ type timeline struct {
 
 type tlEntry struct {
 	at   time.Time
+	last time.Time // of the last repeat folded in
 	what string
 	n    int // repeats folded into this entry
 }
@@ -31,9 +32,28 @@ func (tl *timeline) add(at time.Time, what string) {
 	defer tl.mu.Unlock()
 	if k := len(tl.entries); k > 0 && tl.entries[k-1].what == what {
 		tl.entries[k-1].n++
+		tl.entries[k-1].last = at
 		return
 	}
-	tl.entries = append(tl.entries, tlEntry{at: at, what: what, n: 1})
+	tl.entries = append(tl.entries, tlEntry{at: at, last: at, what: what, n: 1})
+}
+
+// lastBefore returns the time of the last `what` from `from` to `to`.
+func (tl *timeline) lastBefore(what string, from, to time.Time) (time.Time, bool) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	var last time.Time
+	for _, e := range tl.entries {
+		if e.what != what {
+			continue
+		}
+		for _, at := range []time.Time{e.at, e.last} {
+			if !at.Before(from) && !at.After(to) && at.After(last) {
+				last = at
+			}
+		}
+	}
+	return last, !last.IsZero()
 }
 
 // event records a publisher event. Republish counts, failed dials and

@@ -149,7 +149,7 @@ func check(t *testing.T, cfg clusterfaults.Config, res []clusterfaults.Result) (
 		// fault that takes its node away it must consume again elsewhere.
 		if r.Fault.ConsumerLost {
 			if r.ConsumerResumed {
-				t.Logf("%s: the consumer consumed again (%d basic.consume after the fault), first delivery %v after the fault",
+				t.Logf("%s: the consumer consumed again (%d basic.consume after the fault), first delivery %v after the injection began",
 					cell, r.ConsumerReconnects, r.ConsumerResume.Round(time.Millisecond))
 			} else {
 				fail("%s: the consumer lost its node and handled no delivery on a new connection (%d basic.consume after the fault)",

@@ -62,7 +62,7 @@ func confirmationAtLoss(t *testing.T, withRecovery bool) {
 	if withRecovery {
 		cfg.Recovery = recovery()
 	}
-	w := dialWatched(t, proxy.URL(), cfg)
+	w := dialWatched(t, proxy.URL(), cfg, dialDrainer)
 	ch, closes, connStates, chStates := w.ch, w.closes, w.connStates, w.chStates
 	listener := ch.NotifyPublish(make(chan amqp.Confirmation, 16))
 
@@ -157,14 +157,16 @@ func confirmationAtLoss(t *testing.T, withRecovery bool) {
 }
 
 // TestNaiveRepublishDuringRecovery shows why the recovery publisher waits
-// for StateOpen. Recovery resolves the confirmations owed at the loss when
-// it resets the channel, just before it sends channel.open and then
-// confirm.select. A caller that republishes as soon as its confirmation
-// says "not acked", as one would without recovery, publishes inside that
-// handshake: upstream's Channel serialises publishes against each other,
-// not against recovery's RPCs. Latency on the broker's replies widens the
-// window so that the outcome does not depend on scheduling luck. It is
-// always one of two failures:
+// for StateOpen, and what safe recovery does about it. Recovery resolves
+// the confirmations owed at the loss when it resets the channel, just
+// before it sends channel.open and then confirm.select. A caller that
+// republishes as soon as its confirmation says "not acked", as one would
+// without recovery, publishes inside that handshake: upstream's Channel
+// serialises publishes against each other, not against recovery's RPCs.
+// Latency on the broker's replies widens the window so that the outcome
+// does not depend on scheduling luck.
+//
+// In upstream's default mode it is always one of two failures:
 //
 //   - the republish goes out between channel.open and confirm.select-ok:
 //     the client counts it as tag 1 but the broker does not, so every
@@ -177,21 +179,34 @@ func confirmationAtLoss(t *testing.T, withRecovery bool) {
 //     until its retries run out before it redials.
 //
 // Either way nothing acked is lost, which TestAutomaticRecovery checks at
-// scale with the mitigation in place. The full level repeats the case.
+// scale with the mitigation in place. With safe recovery (drainer mode,
+// or Config.SafeRecovery in default mode) the republish is refused with amqp.ErrChannelRecovering, nothing is
+// sent, and publishes after StateOpen are numbered and confirmed right.
+// The full level repeats each case.
 func TestNaiveRepublishDuringRecovery(t *testing.T) {
 	lvl := level.Require(t)
-	for i := range level.Pick(lvl, 1, 3) {
-		t.Run(fmt.Sprint(i), naiveRepublish)
+	safeUpstream := func(url string, cfg amqp.Config) (*amqp.Connection, error) {
+		cfg.SafeRecovery = true
+		return amqp.DialConfig(url, cfg)
+	}
+	for _, mode := range []struct {
+		name string
+		dial dialFunc
+		safe bool
+	}{{"upstream", amqp.DialConfig, false}, {"upstream-safe", safeUpstream, true}, {"drainer", dialDrainer, true}} {
+		for i := range level.Pick(lvl, 1, 3) {
+			t.Run(fmt.Sprintf("%s/%d", mode.name, i), func(t *testing.T) { naiveRepublish(t, mode.dial, mode.safe) })
+		}
 	}
 }
 
-func naiveRepublish(t *testing.T) {
+func naiveRepublish(t *testing.T, dial dialFunc, safe bool) {
 	q := queue.Durable(t, "reliability-noloss-")
 	proxy := toxi.NewProxy(t, testenv.AMQPAddr(t))
 	proxy.ArmResets()
 	w := dialWatched(t, proxy.URL(), amqp.Config{Recovery: &amqp.Recovery{
 		ReconnectionConfig: &amqp.ReconnectionConfig{MaxRetryCount: 10, RetryInterval: 100 * time.Millisecond},
-	}})
+	}}, dial)
 	ch, closes, connStates := w.ch, w.closes, w.connStates
 	publish := func(id string) (*amqp.DeferredConfirmation, error) {
 		return ch.PublishWithDeferredConfirmWithContext(context.Background(), "", q, false, false,
@@ -229,6 +244,15 @@ func naiveRepublish(t *testing.T) {
 	case re = <-naive:
 	case <-time.After(eventBound):
 		t.Fatal("m1's confirmation did not resolve during recovery")
+	}
+	if safe {
+		if !errors.Is(re.err, amqp.ErrChannelRecovering) || !errors.Is(re.err, amqp.ErrClosed) {
+			t.Fatalf("the republish inside recovery's handshake: err = %v, want amqp.ErrChannelRecovering, wrapping amqp.ErrClosed", re.err)
+		}
+		awaitState(t, connStates, amqp.StateOpen, "recovery to finish")
+		proxy.RemoveToxic(latency)
+		safeRepublish(t, q, publish, closes, re.err)
+		return
 	}
 	if re.err != nil {
 		t.Fatalf("the naive republish of m1 failed: %v (recovery had reset the channel; IsClosed()=false)", re.err)
@@ -279,6 +303,43 @@ func naiveRepublish(t *testing.T) {
 	default:
 		t.Errorf("the naive republish was harmless this time; if upstream now resolves confirmations after the channel is reopened, revisit the StateOpen wait in runRecovery")
 	}
+}
+
+// safeRepublish is the end of naiveRepublish with safe recovery: the
+// republish inside the handshake was refused (refused is its error), and
+// m1 and m2, published once the channel is open again, are the recovered
+// channel's tags 1 and 2, both acked, both in the queue, with no broker
+// error on the way.
+func safeRepublish(t *testing.T, q string, publish func(string) (*amqp.DeferredConfirmation, error), closes <-chan *amqp.Error, refused error) {
+	t.Helper()
+	dc1, err1 := publish("m1")
+	dc2, err2 := publish("m2")
+	if err1 != nil || err2 != nil {
+		t.Fatalf("publishes after StateOpen: m1: %v, m2: %v", err1, err2)
+	}
+	if dc1.DeliveryTag != 1 || dc2.DeliveryTag != 2 {
+		t.Fatalf("the recovered channel tagged m1 and m2 %d and %d, want 1 and 2", dc1.DeliveryTag, dc2.DeliveryTag)
+	}
+	if !waitAck(t, dc1) || !waitAck(t, dc2) {
+		t.Fatal("a publish after StateOpen was not acked")
+	}
+	// The reset itself is on closes; a broken handshake would follow it.
+	for draining := true; draining; {
+		select {
+		case e := <-closes:
+			if e != nil && (e.Code == amqp.ChannelError || e.Code == amqp.UnexpectedFrame) {
+				t.Fatalf("the broker closed the connection during recovery: %v", e)
+			}
+		default:
+			draining = false
+		}
+	}
+	found := make(map[string]int)
+	queue.Drain(t, q, func(d amqp.Delivery) { found[d.MessageId]++ })
+	if found["m1"] == 0 || found["m2"] != 1 {
+		t.Fatalf("queue: %v; want m1 (the lost first publish may be there too) and m2 once", found)
+	}
+	t.Logf("safe recovery: the republish inside the handshake was refused (%v); after StateOpen m1 and m2 were tags 1 and 2, acked; queue: %v", refused, found)
 }
 
 // waitAck waits, within confirmBound, for dc and reports whether it was
@@ -339,7 +400,7 @@ func expectConfirmations(t *testing.T, l <-chan amqp.Confirmation, want ...amqp.
 	}
 }
 
-// watched is a drainer connection with a channel in confirm mode, and the
+// watched is a connection with a channel in confirm mode, and the
 // notifications the no-loss tests wait on.
 type watched struct {
 	conn                 *amqp.Connection
@@ -348,12 +409,20 @@ type watched struct {
 	connStates, chStates <-chan *amqp.StateChanged
 }
 
-// dialWatched dials url in drainer mode with cfg, opens a confirming
-// channel and listens to the connection's close and both state changes.
-// The connection is closed when the test ends.
-func dialWatched(t *testing.T, url string, cfg amqp.Config) watched {
+// dialFunc dials a connection in one read mode.
+type dialFunc func(url string, cfg amqp.Config) (*amqp.Connection, error)
+
+// dialDrainer dials in drainer mode with the default options.
+func dialDrainer(url string, cfg amqp.Config) (*amqp.Connection, error) {
+	return drainer.DialConfig(url, cfg, drainer.Options{})
+}
+
+// dialWatched dials url with cfg through dial, opens a confirming channel
+// and listens to the connection's close and both state changes. The
+// connection is closed when the test ends.
+func dialWatched(t *testing.T, url string, cfg amqp.Config, dial dialFunc) watched {
 	t.Helper()
-	conn, err := drainer.DialConfig(url, cfg, drainer.Options{})
+	conn, err := dial(url, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

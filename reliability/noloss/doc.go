@@ -22,7 +22,7 @@
 // Duplicates are allowed and counted: a message whose ack was lost with
 // the connection is published again.
 //
-// What upstream v1.16.0's automatic recovery does with confirmations owed
+// What upstream v1.17.0's automatic recovery does with confirmations owed
 // at the loss, pinned down by TestConfirmationsAtLoss and
 // TestNaiveRepublishDuringRecovery (upstream's own behaviour: the same
 // tests give the same results in its default read mode):
@@ -53,7 +53,10 @@
 //     retries the channel on the dead connection until its retries run
 //     out. Upstream's Reconnect documentation asks callers to wait for
 //     StateOpen; the recovery publisher here does (Channel.NotifyStateChange),
-//     and with that wait no confirmation is lost or dropped.
+//     and with that wait no confirmation is lost or dropped. With safe
+//     recovery (drainer mode here, Config.SafeRecovery in default mode)
+//     a publish in that window is refused with amqp.ErrChannelRecovering
+//     and nothing is sent.
 //
 // Its tests run under scripts/reliability only; see package
 // reliability/internal/level.

@@ -149,6 +149,11 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 	if isClosing(c.rp.base().calledC) {
 		return ErrClosedIntentionally
 	}
+	// A read path keeps tags unique: no publish inside recovery's
+	// handshake (recoverytags.go).
+	if err := ch.midRecovery(); err != nil {
+		return err
+	}
 
 	if encErr != nil {
 		// Upstream fails the connection when a frame cannot be encoded (a

@@ -59,6 +59,18 @@ var ErrUnknownDeliveryTag = errors.New("amqp: unknown delivery tag")
 // ErrClosed.
 var ErrStaleConfirmation error = &closedBecause{"amqp: publish not confirmed before its channel recovered"}
 
+// ErrChannelRecovering is wrapped by the error of a publish made, with
+// unique tags, while automatic recovery reopens its channel: from the
+// reset that ends the pending confirmations (ErrStaleConfirmation) until
+// the channel is back in StateOpen. Upstream sends such a publish: between
+// channel.open and confirm.select-ok the client counts it and the broker
+// does not, so every later confirmation is matched to the publish before
+// its own and the last never comes; before channel.open, or between the
+// frames of recovery's calls, the broker closes the connection. Nothing
+// is sent. Publish again once NotifyStateChange reports StateOpen, as
+// upstream's reconnectChannel documents. It wraps ErrClosed.
+var ErrChannelRecovering error = &closedBecause{"amqp: channel is being recovered, publish once it is open again"}
+
 // closedBecause is an error that wraps ErrClosed (errors.Is and errors.As
 // find it) without repeating ErrClosed's text in its own.
 type closedBecause struct{ text string }
@@ -129,16 +141,35 @@ func (ch *Channel) nextGeneration() {
 	}
 }
 
-// sendSettling is Channel.send's sendOpen, with the tag of a basic.ack,
-// basic.nack or basic.reject, sent by Channel.Ack, Nack or Reject under
-// ch.m, translated to the broker's (or refused) first.
-func (ch *Channel) sendSettling(msg message) error {
+// sendRecoverySafe is Channel.send's sendOpen, with the tag of a
+// basic.ack, basic.nack or basic.reject, sent by Channel.Ack, Nack or
+// Reject under ch.m, translated to the broker's (or refused) first, and a
+// basic.publish refused while recovery reopens the channel.
+func (ch *Channel) sendRecoverySafe(msg message) error {
 	if ch.connection.safeRecovery() {
+		if _, ok := msg.(*basicPublish); ok {
+			if err := ch.midRecovery(); err != nil {
+				return err
+			}
+		}
 		if err := ch.settleTag(msg); err != nil {
 			return err
 		}
 	}
 	return ch.sendOpen(msg)
+}
+
+// midRecovery refuses a publish with ErrChannelRecovering while automatic
+// recovery reopens ch. The channel is in StateReconnecting from before
+// the reset until channel.open, basic.qos and confirm.select are done;
+// recovery itself never publishes. It is only asked with unique tags
+// (safeRecovery): sendRecoverySafe, and publish.go's sendPublish (a read
+// path).
+func (ch *Channel) midRecovery() error {
+	if ch.connection.Config.Recovery == nil || ch.lifeCycle.State() != StateReconnecting {
+		return nil
+	}
+	return fmt.Errorf("publish on channel %d: %w", ch.id, ErrChannelRecovering)
 }
 
 // settleTag translates the tag of a settlement in msg to the broker's tag

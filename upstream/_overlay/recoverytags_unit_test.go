@@ -116,7 +116,7 @@ func TestUpstreamTagsWithoutOptIn(t *testing.T) {
 	if got := ch.tagged(&Delivery{DeliveryTag: 1}).DeliveryTag; got != 1 {
 		t.Fatalf("upstream mode without the opt-in handed the broker's tag 1 out as %d", got)
 	}
-	// sendSettling leaves every tag to the broker, as upstream does.
+	// sendRecoverySafe leaves every tag to the broker, as upstream does.
 	if ch.connection.safeRecovery() {
 		t.Fatal("safeRecovery() with neither a read path nor the opt-in")
 	}
@@ -154,5 +154,34 @@ func TestPendingConfirmationsWithoutOptInAreUpstreams(t *testing.T) {
 	ch.confirms.reset()
 	if ok, err := pending.WaitContext(context.Background()); ok || err != nil {
 		t.Fatalf("upstream mode without the opt-in: %v, %v; want upstream's false, nil", ok, err)
+	}
+}
+
+func TestPublishRefusedWhileChannelRecovers(t *testing.T) {
+	ch := taggedChannel(t, 0)
+	ch.lifeCycle = newLifeCycle()
+	ch.connection.Config.Recovery = &Recovery{}
+	for _, tc := range []struct {
+		state LifeCycleState
+		want  error
+	}{
+		{StateClosed, nil}, // a channel never recovered keeps its first state
+		{StateReconnecting, ErrChannelRecovering},
+		{StateOpen, nil},
+	} {
+		ch.lifeCycle.SetState(tc.state, nil)
+		err := ch.midRecovery()
+		if !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+			t.Fatalf("%v: midRecovery = %v, want %v", tc.state, err, tc.want)
+		}
+		if tc.want != nil && !errors.Is(err, ErrClosed) {
+			t.Fatalf("%v: %v does not wrap ErrClosed", tc.state, err)
+		}
+	}
+	// Without recovery there is nothing to wait for.
+	ch.connection.Config.Recovery = nil
+	ch.lifeCycle.SetState(StateReconnecting, nil)
+	if err := ch.midRecovery(); err != nil {
+		t.Fatalf("no Config.Recovery: midRecovery = %v, want nil", err)
 	}
 }

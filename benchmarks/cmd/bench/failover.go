@@ -22,8 +22,8 @@ const failoverScenario = "failover"
 // publisher's node (the nack storm included), its cut from its peers, the
 // same cut when it also leads the queue (under pause_minority: the broker
 // confirms nothing until the others elect a new leader, so the gap is the
-// broker's time plus what the publisher's confirm-timeout backoff adds),
-// and its link cut.
+// broker's time plus the publisher's share after its last nack: one
+// capped channel reopen), and its link cut.
 var failoverFaults = []string{"2", "5+7", "5pmL", "6a"}
 
 // failoverNetTicktime is the benchmark cluster's net_ticktime in seconds:
