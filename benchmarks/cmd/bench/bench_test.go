@@ -2,10 +2,13 @@ package main
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/hist"
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
 )
 
@@ -80,5 +83,31 @@ func TestSplitMode(t *testing.T) {
 	}
 	if sortKey("Deliver/size=43") >= sortKey("Deliver/size=512") {
 		t.Error("size=43 must sort before size=512")
+	}
+}
+
+// The 5pmL section judges the client's share after the broker's last
+// nack, from the repetitions that had nacks.
+func TestWriteFailoverClientShare(t *testing.T) {
+	sum := func(p50, max float64, n int64) hist.Summary { return hist.Summary{N: n, P50: p50, Max: max} }
+	f := &failoverResult{
+		Reps:       3,
+		Faults:     map[string]string{"5pmL": "the leader's node cut"},
+		Targets:    map[string]time.Duration{"5pmL": 7750 * time.Millisecond},
+		Resume:     map[string]map[string]hist.Summary{"5pmL": {"upstream": sum(32000, 32100, 3), "drainer": sum(8100, 11100, 3), "legacy": sum(8000, 11100, 3)}},
+		Gap:        map[string]map[string]hist.Summary{"5pmL": {"upstream": sum(32000, 32000, 3), "drainer": sum(8100, 11100, 3), "legacy": sum(8000, 11100, 3)}},
+		AfterNack:  map[string]map[string]hist.Summary{"5pmL": {"drainer": sum(550, 565, 3), "legacy": sum(510, 1200, 2)}},
+		NotResumed: map[string]map[string]int{"5pmL": {}},
+		Lost:       map[string]map[string]int{"5pmL": {}},
+	}
+	var b strings.Builder
+	writeFailover(func(format string, a ...any) { fmt.Fprintf(&b, format, a...) }, f)
+	for _, want := range []string{
+		"- drainer resumed 550 ms (P50) / 565 ms (max) after the broker's last nack; target, within 1s in every repetition with nacks (3 of 3): **met**",
+		"- legacy resumed 510 ms (P50) / 1200 ms (max) after the broker's last nack; target, within 1s in every repetition with nacks (2 of 3): **not met**",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("the section lacks %q:\n%s", want, b.String())
+		}
 	}
 }
