@@ -73,7 +73,7 @@ type PublisherOptions struct {
 	KeepChannelOnNack bool
 
 	// Backoff paces redials, and channel reopens with no confirmation
-	// between them (a nack storm's capped, see the package doc).
+	// between them (capped in a nack storm; see the package doc).
 	Backoff Backoff
 
 	// SetupTimeout bounds opening a channel and confirm.select on a new
@@ -734,8 +734,8 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 				break watch
 			case <-g.failed:
 				p.mu.Lock()
-				cause, reopen = g.failErr, g.nacked
-				nacked = g.nacked
+				cause, nacked = g.failErr, g.nacked
+				reopen = nacked
 				p.mu.Unlock()
 				if !reopen {
 					// A write error, or the channel closed: if the

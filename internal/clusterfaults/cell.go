@@ -176,9 +176,9 @@ func (c Config) ResumeTarget(f Fault) time.Duration {
 
 // ClientShare bounds the client's share of fault 5pmL's gap: from the
 // broker's last nack (its election still running) to the first confirm
-// of a message published after the fault. A nack storm's reopens are
-// capped at a quarter of ConfirmTimeout (failover.Publisher), so this is
-// that, a channel.open and a round trip.
+// of a message published after the fault. failover.Publisher caps a nack
+// storm's reopen delay at a quarter of ConfirmTimeout (500 ms here), so
+// its share is that delay, a channel.open and a publish's round trip.
 const ClientShare = time.Second
 
 // electionTime is how long a quorum queue's new leader takes to be

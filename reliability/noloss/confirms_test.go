@@ -269,17 +269,7 @@ func naiveRepublish(t *testing.T, dial dialFunc, safe bool) {
 	defer cancel()
 	ack1, err1 := re.dc.WaitContext(ctx)
 	ack2, err2 := dc2.WaitContext(ctx)
-	var broker []string
-	for draining := true; draining; {
-		select {
-		case e := <-closes:
-			if e != nil && (e.Code == amqp.ChannelError || e.Code == amqp.UnexpectedFrame) {
-				broker = append(broker, e.Error())
-			}
-		default:
-			draining = false
-		}
-	}
+	broker := brokerErrors(closes)
 	found := make(map[string]int)
 	queue.Drain(t, q, func(d amqp.Delivery) { found[d.MessageId]++ })
 	t.Logf("republished m1 (tag %d): acked=%v err=%v; m2 (tag %d): acked=%v err=%v; broker errors: %q; queue: %v",
@@ -324,15 +314,8 @@ func safeRepublish(t *testing.T, q string, publish func(string) (*amqp.DeferredC
 		t.Fatal("a publish after StateOpen was not acked")
 	}
 	// The reset itself is on closes; a broken handshake would follow it.
-	for draining := true; draining; {
-		select {
-		case e := <-closes:
-			if e != nil && (e.Code == amqp.ChannelError || e.Code == amqp.UnexpectedFrame) {
-				t.Fatalf("the broker closed the connection during recovery: %v", e)
-			}
-		default:
-			draining = false
-		}
+	if broker := brokerErrors(closes); len(broker) > 0 {
+		t.Fatalf("the broker closed the connection during recovery: %q", broker)
 	}
 	found := make(map[string]int)
 	queue.Drain(t, q, func(d amqp.Delivery) { found[d.MessageId]++ })
@@ -340,6 +323,22 @@ func safeRepublish(t *testing.T, q string, publish func(string) (*amqp.DeferredC
 		t.Fatalf("queue: %v; want m1 (the lost first publish may be there too) and m2 once", found)
 	}
 	t.Logf("safe recovery: the republish inside the handshake was refused (%v); after StateOpen m1 and m2 were tags 1 and 2, acked; queue: %v", refused, found)
+}
+
+// brokerErrors drains closes and returns the closes that a frame inside
+// recovery's handshake causes (504 channel error, 505 unexpected frame);
+// the loss that started the recovery is not one of them.
+func brokerErrors(closes <-chan *amqp.Error) (broker []string) {
+	for {
+		select {
+		case e := <-closes:
+			if e != nil && (e.Code == amqp.ChannelError || e.Code == amqp.UnexpectedFrame) {
+				broker = append(broker, e.Error())
+			}
+		default:
+			return broker
+		}
+	}
 }
 
 // waitAck waits, within confirmBound, for dc and reports whether it was

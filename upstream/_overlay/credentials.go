@@ -161,8 +161,9 @@ func loginError(err error, endpoint string, sasl []Authentication) error {
 // transport, for errors: upstream's RemoteAddr, or "the broker" for a
 // transport without an address (RemoteAddr's zero TCPAddr).
 func (c *Connection) endpoint() string {
-	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok && a.Port == 0 && a.IP == nil {
+	ra := c.RemoteAddr()
+	if a, ok := ra.(*net.TCPAddr); ok && a.Port == 0 && a.IP == nil {
 		return "the broker"
 	}
-	return c.RemoteAddr().String()
+	return ra.String()
 }
