@@ -4,6 +4,7 @@
 //	scripts/rebase [--accept-drift] [--full] [--dry-run] VERSION   move to a new amqp091-go release (internal/rebase)
 //	scripts/drift [--accept]                           check, or record, the drift guards' fingerprints (internal/drift)
 //	scripts/overlay-names [--check]                    rewrite, or check, PATCHES.md's list of upstream names the overlay uses
+//	go run ./internal/maint overlay-size [-check]            print the overlay's size and its functions over 60 lines (-check: fail on one)
 //	go run ./internal/maint latest                     print the newest release on the module proxy, and the pinned one
 //
 // It builds from the root module alone (GOWORK=off), as internal/bootstrap
@@ -27,6 +28,7 @@ import (
 
 	"github.com/amqp091-drainer/amqp091-drainer/internal/drift"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/overlaynames"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/overlaysize"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/rebase"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/upstreamtree"
 )
@@ -35,6 +37,7 @@ const usage = `usage (from the checkout's root):
   maint rebase [-accept-drift] [-full] [-dry-run] [-report FILE] VERSION
   maint drift [-accept]
   maint overlay-names [-check]
+  maint overlay-size [-check]
   maint latest`
 
 func main() {
@@ -51,6 +54,8 @@ func main() {
 		err = runDrift(ctx, os.Args[2:])
 	case "overlay-names":
 		err = runNames(ctx, os.Args[2:])
+	case "overlay-size":
+		err = runSize(os.Args[2:])
 	case "latest":
 		err = runLatest(ctx)
 	default:
@@ -200,5 +205,24 @@ func runLatest(ctx context.Context) error {
 		return err
 	}
 	fmt.Printf("latest=%s pinned=%s newer=%t\n", info.Version, pin.Version, semver.Compare(info.Version, pin.Version) > 0)
+	return nil
+}
+
+// runSize prints the overlay's size and its functions over
+// overlaysize.MaxFuncLines; -check fails when one is not a table.
+func runSize(args []string) error {
+	fs := flag.NewFlagSet("overlay-size", flag.ContinueOnError)
+	check := fs.Bool("check", false, "exit non-zero when a function other than a table is over the bound")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	r, err := overlaysize.Measure(filepath.Join("upstream", "_overlay"))
+	if err != nil {
+		return err
+	}
+	fmt.Print(r)
+	if long := r.Long(); *check && len(long) > 0 {
+		return fmt.Errorf("%d overlay functions are over %d lines: split them into named steps", len(long), overlaysize.MaxFuncLines)
+	}
 	return nil
 }
