@@ -84,7 +84,7 @@ func (d *descs) init(cfg *config) {
 	d.framesOut = desc("frames_sent_total",
 		"AMQP frames written to the connection's socket, heartbeats included.", c...)
 	d.writes = desc("socket_writes_total",
-		"Writes of frames to the connection's socket (a write or writev system call each), heartbeats not counted; frames_sent_total over this is the frames per write.", c...)
+		"Writes of frames to the connection's socket (a write or writev system call each; the drainer's heartbeats are not counted, legacy's are); frames_sent_total over this is the frames per write.", c...)
 	d.coalescedPublishes = desc("coalesced_publishes_total",
 		"Publishes that went out in the same write as another publisher's (CoalescePublishes); 0 with the option off.", c...)
 	d.settleRefused = desc("settle_refused_total",

@@ -74,7 +74,7 @@ amqp091_frames_received_total{connection="c1"} 10
 # HELP amqp091_frames_sent_total AMQP frames written to the connection's socket, heartbeats included.
 # TYPE amqp091_frames_sent_total counter
 amqp091_frames_sent_total{connection="c1"} 20
-# HELP amqp091_socket_writes_total Writes of frames to the connection's socket (a write or writev system call each), heartbeats not counted; frames_sent_total over this is the frames per write.
+# HELP amqp091_socket_writes_total Writes of frames to the connection's socket (a write or writev system call each; the drainer's heartbeats are not counted, legacy's are); frames_sent_total over this is the frames per write.
 # TYPE amqp091_socket_writes_total counter
 amqp091_socket_writes_total{connection="c1"} 7
 # HELP amqp091_coalesced_publishes_total Publishes that went out in the same write as another publisher's (CoalescePublishes); 0 with the option off.

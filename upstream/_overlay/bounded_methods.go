@@ -38,29 +38,15 @@ func (ch *Channel) CancelWithContext(ctx context.Context, consumer string, noWai
 // QueueDeclareWithContext is QueueDeclare, bounded by ctx: see the comment at the top
 // of this file for what happens when ctx ends first.
 func (ch *Channel) QueueDeclareWithContext(ctx context.Context, name string, durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
-	var r0 Queue
-	err := ch.bounded(ctx, "queue.declare", func() (err error) {
-		r0, err = ch.QueueDeclare(name, durable, autoDelete, exclusive, noWait, args)
-		return err
-	})
-	if err != nil {
-		return Queue{}, err
-	}
-	return r0, nil
+	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) { return ch.QueueDeclare(name, durable, autoDelete, exclusive, noWait, args) })
 }
 
 // QueueDeclarePassiveWithContext is QueueDeclarePassive, bounded by ctx: see the comment at the top
 // of this file for what happens when ctx ends first.
 func (ch *Channel) QueueDeclarePassiveWithContext(ctx context.Context, name string, durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
-	var r0 Queue
-	err := ch.bounded(ctx, "queue.declare", func() (err error) {
-		r0, err = ch.QueueDeclarePassive(name, durable, autoDelete, exclusive, noWait, args)
-		return err
+	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) {
+		return ch.QueueDeclarePassive(name, durable, autoDelete, exclusive, noWait, args)
 	})
-	if err != nil {
-		return Queue{}, err
-	}
-	return r0, nil
 }
 
 // QueueBindWithContext is QueueBind, bounded by ctx: see the comment at the top
@@ -78,29 +64,13 @@ func (ch *Channel) QueueUnbindWithContext(ctx context.Context, name, key, exchan
 // QueuePurgeWithContext is QueuePurge, bounded by ctx: see the comment at the top
 // of this file for what happens when ctx ends first.
 func (ch *Channel) QueuePurgeWithContext(ctx context.Context, name string, noWait bool) (int, error) {
-	var r0 int
-	err := ch.bounded(ctx, "queue.purge", func() (err error) {
-		r0, err = ch.QueuePurge(name, noWait)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return r0, nil
+	return boundedValue(ctx, ch, "queue.purge", func() (int, error) { return ch.QueuePurge(name, noWait) })
 }
 
 // QueueDeleteWithContext is QueueDelete, bounded by ctx: see the comment at the top
 // of this file for what happens when ctx ends first.
 func (ch *Channel) QueueDeleteWithContext(ctx context.Context, name string, ifUnused, ifEmpty, noWait bool) (int, error) {
-	var r0 int
-	err := ch.bounded(ctx, "queue.delete", func() (err error) {
-		r0, err = ch.QueueDelete(name, ifUnused, ifEmpty, noWait)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	return r0, nil
+	return boundedValue(ctx, ch, "queue.delete", func() (int, error) { return ch.QueueDelete(name, ifUnused, ifEmpty, noWait) })
 }
 
 // ExchangeDeclareWithContext is ExchangeDeclare, bounded by ctx: see the comment at the top
@@ -355,4 +325,19 @@ func (c *Connection) closeSocket() {
 	if conn != nil {
 		_ = conn.Close()
 	}
+}
+
+// boundedValue is ch.bounded for a method that returns a value: the value
+// when the call returned, the zero value with the error otherwise.
+func boundedValue[T any](ctx context.Context, ch *Channel, method string, call func() (T, error)) (T, error) {
+	var v T
+	err := ch.bounded(ctx, method, func() (err error) {
+		v, err = call()
+		return err
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return v, nil
 }

@@ -126,7 +126,7 @@ func (b *budget) snapshot(now time.Time) BudgetStats {
 	return s
 }
 
-// used reports the bytes charged now.
+// usedNow reports the bytes charged now.
 func (b *budget) usedNow() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -133,28 +133,10 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 // sendPublish is upstream's send and sendOpen for a basic.publish: the
 // caller holds ch.m.
 func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error {
-	// A closed channel sends only channel.close-ok (sendClosed).
-	if ch.IsClosed() {
-		return ErrClosed
-	}
-
-	c := ch.connection
-	if c.IsClosed() {
-		return ErrClosed
-	}
-	// Once the application has called Close, the broker discards what
-	// follows connection.close: refuse the message rather than write it
-	// for nobody, so Close does not compete with a publisher for the
-	// broker's time (closedrop.go).
-	if isClosing(c.rp.base().calledC) {
-		return ErrClosedIntentionally
-	}
-	// A read path keeps tags unique: no publish inside recovery's
-	// handshake (recoverytags.go).
-	if err := ch.midRecovery(); err != nil {
+	if err := ch.publishRefused(); err != nil {
 		return err
 	}
-
+	c := ch.connection
 	if encErr != nil {
 		// Upstream fails the connection when a frame cannot be encoded (a
 		// shortstr over 255 bytes), after writing the frames before it;
@@ -165,30 +147,8 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 		})
 		return encErr
 	}
-
-	// Upstream's body frame size. negotiateFrameSize keeps FrameSize 0 or at
-	// least frameMinSize, so size is positive unless the body is empty.
-	var size int
-	if c.Config.FrameSize > 0 {
-		size = c.Config.FrameSize - frameHeaderSize
-	} else {
-		size = len(body)
-	}
-	if size <= 0 {
-		size = len(body)
-	}
-	pb.encodeBody(ch.id, body, size)
-
-	var err error
-	if c.rp.base().coalesce {
-		err = c.writePublishGrouped(pb) // groupcommit.go
-	} else {
-		c.sendM.Lock()
-		err = c.writePublish(pb)
-		c.sendM.Unlock()
-	}
-
-	if err != nil {
+	pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
+	if err := c.writePublishBuf(pb); err != nil {
 		// shutdown could be re-entrant from signaling notify chans
 		go c.shutdown(&Error{
 			Code:   FrameError,
@@ -203,8 +163,47 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 	case c.sends <- time.Now():
 	default:
 	}
-
 	return nil
+}
+
+// publishRefused is why a publish on ch may not be written now, in the
+// order upstream checks, then ours; nil when it may.
+func (ch *Channel) publishRefused() error {
+	// A closed channel sends only channel.close-ok (sendClosed).
+	if ch.IsClosed() || ch.connection.IsClosed() {
+		return ErrClosed
+	}
+	// Once the application has called Close, the broker discards what
+	// follows connection.close: refuse the message rather than write it
+	// for nobody, so Close does not compete with a publisher for the
+	// broker's time (closedrop.go).
+	if isClosing(ch.connection.rp.base().calledC) {
+		return ErrClosedIntentionally
+	}
+	// A read path keeps tags unique: no publish inside recovery's
+	// handshake (recoverytags.go).
+	return ch.midRecovery()
+}
+
+// bodyFrameSize is upstream's body frame size for a body of n bytes.
+// negotiateFrameSize keeps FrameSize 0 or at least frameMinSize, so the
+// size is positive unless the body is empty.
+func (c *Connection) bodyFrameSize(n int) int {
+	if size := c.Config.FrameSize - frameHeaderSize; c.Config.FrameSize > 0 && size > 0 {
+		return size
+	}
+	return n
+}
+
+// writePublishBuf writes pb's frames: through the group commit when the
+// read path coalesces publishes (groupcommit.go), under sendM otherwise.
+func (c *Connection) writePublishBuf(pb *publishBuf) error {
+	if c.rp.base().coalesce {
+		return c.writePublishGrouped(pb)
+	}
+	c.sendM.Lock()
+	defer c.sendM.Unlock()
+	return c.writePublish(pb)
 }
 
 // vectorWriter is the socket writer of a read path's generation: it writes

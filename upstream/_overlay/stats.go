@@ -20,9 +20,11 @@ type Stats struct {
 	// it dispatches); the others stay 0.
 	BytesIn, BytesOut   uint64
 	FramesIn, FramesOut uint64
-	// Writes counts the writes of frames to the socket in the drainer
-	// and legacy modes (a write or writev system call each; heartbeats
-	// are not counted), and CoalescedPublishes the publishes that went
+	// Writes counts the writes of frames through the socket writer in
+	// the drainer and legacy modes (a write or writev system call each;
+	// the drainer writes its heartbeats past the writer, so they are not
+	// counted there, while legacy's go through it and are), and
+	// CoalescedPublishes the publishes that went
 	// out in the same write as another publisher's (the group commit:
 	// publishers that meet at the connection's write lock share one
 	// write). Upstream mode counts neither.
