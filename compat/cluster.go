@@ -7,12 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/url"
 	"sync"
 	"time"
 
+	"github.com/amqp091-drainer/amqp091-drainer/internal/backoff"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -149,6 +149,19 @@ func DialCluster(ctx context.Context, urls []string, mode Mode, opts ...Option) 
 	if err != nil {
 		return nil, err
 	}
+	list, err := cl.endpoints(urls)
+	if err != nil {
+		return nil, err
+	}
+	if cl.dial == nil {
+		cl.dial = (&net.Dialer{}).DialContext
+	}
+	return cl.passes(ctx, rp, list)
+}
+
+// endpoints checks the options and builds the endpoint list of urls, each
+// with its TLS configuration.
+func (cl *cluster) endpoints(urls []string) (*amqp.Endpoints, error) {
 	if cl.config.Dial != nil {
 		return nil, errors.New("compat: DialCluster: give the dialer with WithDialer (it takes a context), not Config.Dial")
 	}
@@ -173,15 +186,18 @@ func DialCluster(ctx context.Context, urls []string, mode Mode, opts ...Option) 
 	if err != nil {
 		return nil, fmt.Errorf("compat: DialCluster: %w", err)
 	}
-	if cl.dial == nil {
-		cl.dial = (&net.Dialer{}).DialContext
-	}
+	return list, nil
+}
 
-	bo := backoff{initial: cl.backoffInitial, max: cl.backoffMax, rand: rand.Int64N}
+// passes dials the endpoints of list one after another, backing off after
+// each pass in which all failed, until one answers, WithMaxAttempts
+// attempts failed, or ctx ends.
+func (cl *cluster) passes(ctx context.Context, rp amqp.ReadPath, list *amqp.Endpoints) (*amqp.Connection, error) {
+	bo := cl.passBackoff()
 	var last error
 	for attempt := 0; cl.maxAttempts == 0 || attempt < cl.maxAttempts; attempt++ {
 		if attempt > 0 && attempt%list.Len() == 0 {
-			delay := bo.delay(attempt / list.Len())
+			delay := bo.Delay(attempt / list.Len())
 			cl.log(slog.LevelWarn, "every endpoint failed; backing off", "endpoints", list.Len(), "backoff", delay, "err", last)
 			if err := sleep(ctx, delay); err != nil {
 				return nil, ended(err, last)
@@ -202,6 +218,13 @@ func DialCluster(ctx context.Context, urls []string, mode Mode, opts ...Option) 
 		cl.log(slog.LevelDebug, "attempt failed", "endpoint", redact(ep.URL), "attempt", attempt+1, "err", err)
 	}
 	return nil, fmt.Errorf("compat: DialCluster: %d attempts failed, the last: %w", cl.maxAttempts, last)
+}
+
+// passBackoff is DialCluster's backoff between passes (see WithBackoff):
+// full jitter over an exponential bound; its Delay(n) follows the n-th
+// failed pass.
+func (cl *cluster) passBackoff() backoff.Exponential {
+	return backoff.Exponential{Initial: cl.backoffInitial, Max: cl.backoffMax, Jitter: backoff.Full}
 }
 
 // ended is DialCluster's error when its ctx ended.
@@ -339,28 +362,6 @@ func (d *phaseDialer) closeSocket() {
 	if conn != nil {
 		_ = conn.Close()
 	}
-}
-
-// backoff is DialCluster's delay between passes: full jitter over an
-// exponential bound.
-type backoff struct {
-	initial, max time.Duration
-	rand         func(n int64) int64 // uniform in [0, n)
-}
-
-// delay returns the delay after the pass-th failed pass (1 for the first).
-func (b backoff) delay(pass int) time.Duration {
-	bound := b.initial
-	for i := 1; i < pass && bound < b.max; i++ {
-		bound *= 2
-	}
-	if bound > b.max {
-		bound = b.max
-	}
-	if bound <= 0 {
-		return 0
-	}
-	return time.Duration(b.rand(int64(bound) + 1))
 }
 
 // sleep waits d, or until ctx ends.

@@ -141,21 +141,7 @@ const setupTimeout = 10 * time.Second
 
 // session consumes on conn until the deliveries end or ctx does.
 func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *drainLoop, handler func(ctx context.Context, d amqp.Delivery) error) error {
-	stop := context.AfterFunc(ctx, func() { closeConn(conn, drain, time.Now()) })
-	timer := time.AfterFunc(setupTimeout, func() { closeConn(conn, drain, time.Now()) })
-	release := drain.hold()
-	ch, err := c.setup(conn)
-	var deliveries <-chan amqp.Delivery
-	var cancels chan string
-	if err == nil {
-		// One listener for the channel's life: the broker cancels only
-		// this channel's one consumer.
-		cancels = ch.NotifyCancel(make(chan string, 1))
-		deliveries, err = c.consume(ch)
-	}
-	release()
-	stop()
-	timer.Stop()
+	ch, deliveries, cancels, err := c.start(ctx, conn, drain)
 	if err != nil {
 		return fmt.Errorf("%w: %w", errSetup, err)
 	}
@@ -187,34 +173,63 @@ func (c *Consumer) session(ctx context.Context, conn *amqp.Connection, drain *dr
 			return fmt.Errorf("failover: deliveries ended: %w", amqp.ErrClosed)
 		}
 		cancelled = 0
-		c.count(func(s *ConsumerStats) {
-			s.Deliveries++
-			if d.Redelivered {
-				s.Redelivered++
-			}
-		})
-		if d.Redelivered {
-			c.n.emit(Event{Kind: EventRedelivered, MessageID: d.MessageId})
-		}
-		herr := handler(ctx, d)
-		release := drain.hold()
-		if herr == nil {
-			err = d.Ack(false)
-		} else {
-			err = d.Nack(false, true)
-		}
-		release()
-		c.count(func(s *ConsumerStats) {
-			switch {
-			case err != nil:
-				s.AckErrors++
-			case herr == nil:
-				s.Acked++
-			default:
-				s.Nacked++
-			}
-		})
+		c.deliver(ctx, drain, d, handler)
 	}
+}
+
+// start opens the session's channel, with its Qos and its cancel
+// listener, and consumes on it, bounded by setupTimeout and by ctx: either
+// abandons the connection, which fails the RPC.
+func (c *Consumer) start(ctx context.Context, conn *amqp.Connection, drain *drainLoop) (*amqp.Channel, <-chan amqp.Delivery, chan string, error) {
+	stop := context.AfterFunc(ctx, func() { closeConn(conn, drain, time.Now()) })
+	timer := time.AfterFunc(setupTimeout, func() { closeConn(conn, drain, time.Now()) })
+	release := drain.hold()
+	ch, err := c.setup(conn)
+	var deliveries <-chan amqp.Delivery
+	var cancels chan string
+	if err == nil {
+		// One listener for the channel's life: the broker cancels only
+		// this channel's one consumer.
+		cancels = ch.NotifyCancel(make(chan string, 1))
+		deliveries, err = c.consume(ch)
+	}
+	release()
+	stop()
+	timer.Stop()
+	return ch, deliveries, cancels, err
+}
+
+// deliver hands d to handler, then acks it (handler returned nil) or nacks
+// it with requeue, and counts both.
+func (c *Consumer) deliver(ctx context.Context, drain *drainLoop, d amqp.Delivery, handler func(ctx context.Context, d amqp.Delivery) error) {
+	c.count(func(s *ConsumerStats) {
+		s.Deliveries++
+		if d.Redelivered {
+			s.Redelivered++
+		}
+	})
+	if d.Redelivered {
+		c.n.emit(Event{Kind: EventRedelivered, MessageID: d.MessageId})
+	}
+	herr := handler(ctx, d)
+	release := drain.hold()
+	var err error
+	if herr == nil {
+		err = d.Ack(false)
+	} else {
+		err = d.Nack(false, true)
+	}
+	release()
+	c.count(func(s *ConsumerStats) {
+		switch {
+		case err != nil:
+			s.AckErrors++
+		case herr == nil:
+			s.Acked++
+		default:
+			s.Nacked++
+		}
+	})
 }
 
 // setup opens the consumer's channel with its Qos.

@@ -38,13 +38,15 @@
 // So by default a nack retires the channel: a new channel on the same
 // connection takes over and every unconfirmed message of the old one,
 // the nacked one included, is published again on it; confirms resume
-// 0.2–0.5 s after the kill. Reopens with no confirmation in between are a
-// storm: they back off (Backoff), capped at a quarter of ConfirmTimeout
-// (1 s without one), since only a new channel sees that the election
-// ended, and each storm channel carries one message (a probe) until the
-// broker acks one, so that a storm spends one attempt (MaxAttempts) of
-// one message per reopen, not one of every unconfirmed message.
-// KeepChannelOnNack republishes on the same channel instead.
+// 0.2–0.5 s after the kill. Reopens after a nack with no confirmation
+// since the previous reopen are a storm: they back off (Backoff), capped
+// at a quarter of ConfirmTimeout and at 1 s, since only a new channel sees
+// that the election ended, and each storm channel carries one message (a
+// probe) until the broker acks one, so that a storm spends at most one
+// attempt (MaxAttempts) of one message per reopen, not one of every
+// unconfirmed message; and none within MaxConfirmTimeout of the first
+// reopen since a confirmation, when a nack answers for the channel rather
+// than the message. KeepChannelOnNack republishes on the same channel instead.
 //
 // # The confirm timeout
 //

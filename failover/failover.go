@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
+	"github.com/amqp091-drainer/amqp091-drainer/internal/backoff"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
@@ -20,14 +20,21 @@ import (
 // set: the package recovers by itself and refuses such a connection.
 type DialFunc func(ctx context.Context) (*amqp.Connection, error)
 
-// Backoff is the delay between failed dials: Initial after the first
-// failure, doubling up to Max, each with up to 20% jitter. The zero value
-// means 50ms and 5s. A successful setup resets it.
+// Backoff paces retries: Initial after the first failure in a row,
+// doubling up to Max, each less up to 20% at random (jitter). The zero
+// value means 50ms and 5s; a Max below Initial is Initial. Each kind of
+// failure counts on its own: failed dials (counted afresh after each lost
+// connection; a Publisher whose channel setup failed on a new connection
+// waits Initial before dialling again), a Consumer's failed setups (until
+// one succeeds) and its broker cancels (until a delivery), and a
+// Publisher's channel reopens with no confirmation between them (capped in
+// a nack storm; see the package doc).
 type Backoff struct {
 	Initial time.Duration
 	Max     time.Duration
 }
 
+// withDefaults fills in the fields left at zero, as Backoff's doc says.
 func (b Backoff) withDefaults() Backoff {
 	if b.Initial <= 0 {
 		b.Initial = 50 * time.Millisecond
@@ -41,14 +48,13 @@ func (b Backoff) withDefaults() Backoff {
 	return b
 }
 
-// delay returns the wait before dial attempt n (n ≥ 1 failures so far).
+// delay returns the wait after n ≥ 1 failures in a row (dials, channel
+// reopens or broker cancels): the shared exponential of internal/backoff,
+// with a fifth of jitter rather than compat.DialCluster's full jitter, so
+// that a wait stays close to the bound that the docs and the tests of
+// reopenDelay reason about.
 func (b Backoff) delay(n int) time.Duration {
-	d := b.Initial
-	for i := 1; i < n && d < b.Max; i++ {
-		d *= 2
-	}
-	d = min(d, b.Max)
-	return d - time.Duration(rand.Int64N(int64(d)/5+1))
+	return backoff.Exponential{Initial: b.Initial, Max: b.Max, Jitter: backoff.Fifth}.Delay(n)
 }
 
 // EventKind names what an Event reports.
@@ -58,7 +64,7 @@ type EventKind int
 // goroutines: it must return quickly and must not call back into the
 // Publisher or Consumer.
 const (
-	EventConnected      EventKind = iota + 1 // a connection and its channel are ready
+	EventConnected      EventKind = iota + 1 // a connection and its channel are ready (also after a channel reopen)
 	EventDialFailed                          // DialFunc failed (Err)
 	EventConnectionLost                      // the connection or a write on it failed (Err); a failover follows
 	EventNack                                // the broker nacked a message (MessageID)

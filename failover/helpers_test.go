@@ -108,120 +108,139 @@ type brokerScript struct {
 
 func (b brokerScript) run(s *fakepeer.Session) error {
 	var wmu sync.Mutex
-	send := func(frames ...[]byte) error {
+	ss := &scriptSession{b: b, chans: map[uint16]*chState{}, send: func(frames ...[]byte) error {
 		wmu.Lock()
 		defer wmu.Unlock()
 		return s.Send(frames...)
-	}
-	stop := make(chan struct{})
-	var hb sync.WaitGroup
-	if b.heartbeat > 0 {
-		hb.Add(1)
-		go func() {
-			defer hb.Done()
-			t := time.NewTicker(b.heartbeat)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-s.Done():
-					return
-				case <-t.C:
-					if send(fakepeer.HeartbeatFrame()) != nil {
-						return
-					}
-				}
-			}
-		}()
-	}
-	defer func() { close(stop); hb.Wait() }()
-
-	type chState struct {
-		index     int
-		tag       uint64
-		remaining uint64
-		inBody    bool
-		body      []byte
-	}
-	chans := map[uint16]*chState{}
-	opened := 0
-	complete := func(id uint16, st *chState) error {
-		st.tag++
-		switch b.decide(published{chIndex: st.index, channel: id, tag: st.tag, body: string(st.body)}) {
-		case ack:
-			return send(fakepeer.BasicAck(id, st.tag, false))
-		case nack:
-			return send(fakepeer.BasicNack(id, st.tag, false, false))
-		case ackMultiple:
-			return send(fakepeer.BasicAck(id, st.tag, true))
-		}
-		return nil
-	}
+	}}
+	defer ss.heartbeats(s)()
 	for {
 		f, err := s.ReadFrame()
 		if err != nil {
 			// The client went away (abandoned, say): not a failure.
 			return nil
 		}
-		st := chans[f.Channel]
+		done := false
 		switch f.Type {
-		case fakepeer.FrameHeader:
-			if st == nil {
-				continue
-			}
-			size := binary.BigEndian.Uint64(f.Payload[4:12])
-			st.remaining, st.body, st.inBody = size, nil, true
-			if size == 0 {
-				st.inBody = false
-				if err := complete(f.Channel, st); err != nil {
-					return nil
-				}
-			}
-			continue
-		case fakepeer.FrameBody:
-			if st == nil || !st.inBody {
-				continue
-			}
-			st.body = append(st.body, f.Payload...)
-			st.remaining -= uint64(len(f.Payload))
-			if st.remaining == 0 {
-				st.inBody = false
-				if err := complete(f.Channel, st); err != nil {
-					return nil
-				}
-			}
-			continue
+		case fakepeer.FrameHeader, fakepeer.FrameBody:
+			err = ss.content(f)
 		case fakepeer.FrameMethod:
-		default:
-			continue
+			done, err = ss.method(f)
 		}
-		var werr error
-		switch c, m := f.Method(); {
-		case c == 20 && m == 10: // channel.open
-			chans[f.Channel] = &chState{index: opened}
-			opened++
-			werr = send(fakepeer.ChannelOpenOk(f.Channel))
-			if werr == nil && b.onOpen != nil {
-				b.onOpen(opened-1, send)
-			}
-		case c == 85 && m == 10: // confirm.select
-			werr = send(fakepeer.ConfirmSelectOk(f.Channel))
-		case c == 20 && m == 40: // channel.close
-			if b.onClose != nil {
-				b.onClose(f.Channel, send)
-			}
-			delete(chans, f.Channel)
-			werr = send(fakepeer.ChannelCloseOk(f.Channel))
-		case c == 10 && m == 50 && b.ignoreClose:
-		case c == 10 && m == 50: // connection.close
-			_ = send(fakepeer.ConnectionCloseOk())
-			return nil
-		}
-		if werr != nil {
+		if done || err != nil {
 			return nil
 		}
 	}
+}
+
+// scriptSession is one connection served by a brokerScript.
+type scriptSession struct {
+	b      brokerScript
+	send   func(frames ...[]byte) error // safe for concurrent use
+	chans  map[uint16]*chState
+	opened int // channels opened so far
+}
+
+// chState is one open channel: its last delivery tag and the message
+// being received.
+type chState struct {
+	index     int // the channel's rank among those the session opened
+	tag       uint64
+	remaining uint64
+	inBody    bool
+	body      []byte
+}
+
+// heartbeats sends the script's heartbeats until the returned stop is
+// called or the session ends.
+func (ss *scriptSession) heartbeats(s *fakepeer.Session) (stop func()) {
+	if ss.b.heartbeat <= 0 {
+		return func() {}
+	}
+	quit := make(chan struct{})
+	var hb sync.WaitGroup
+	hb.Add(1)
+	go func() {
+		defer hb.Done()
+		t := time.NewTicker(ss.b.heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-s.Done():
+				return
+			case <-t.C:
+				if ss.send(fakepeer.HeartbeatFrame()) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() { close(quit); hb.Wait() }
+}
+
+// content takes a content header or body frame, and answers the message
+// once its body is complete.
+func (ss *scriptSession) content(f fakepeer.Frame) error {
+	st := ss.chans[f.Channel]
+	switch {
+	case st == nil:
+		return nil
+	case f.Type == fakepeer.FrameHeader:
+		st.remaining, st.body, st.inBody = binary.BigEndian.Uint64(f.Payload[4:12]), nil, true
+	case !st.inBody:
+		return nil
+	default:
+		st.body = append(st.body, f.Payload...)
+		st.remaining -= uint64(len(f.Payload))
+	}
+	if st.remaining != 0 {
+		return nil
+	}
+	st.inBody = false
+	return ss.complete(f.Channel, st)
+}
+
+// complete answers the message just received on channel id as the script
+// decides.
+func (ss *scriptSession) complete(id uint16, st *chState) error {
+	st.tag++
+	switch ss.b.decide(published{chIndex: st.index, channel: id, tag: st.tag, body: string(st.body)}) {
+	case ack:
+		return ss.send(fakepeer.BasicAck(id, st.tag, false))
+	case nack:
+		return ss.send(fakepeer.BasicNack(id, st.tag, false, false))
+	case ackMultiple:
+		return ss.send(fakepeer.BasicAck(id, st.tag, true))
+	}
+	return nil
+}
+
+// method answers a method frame; done reports connection.close answered.
+func (ss *scriptSession) method(f fakepeer.Frame) (done bool, err error) {
+	switch c, m := f.Method(); {
+	case c == 20 && m == 10: // channel.open
+		ss.chans[f.Channel] = &chState{index: ss.opened}
+		ss.opened++
+		err = ss.send(fakepeer.ChannelOpenOk(f.Channel))
+		if err == nil && ss.b.onOpen != nil {
+			ss.b.onOpen(ss.opened-1, ss.send)
+		}
+	case c == 85 && m == 10: // confirm.select
+		err = ss.send(fakepeer.ConfirmSelectOk(f.Channel))
+	case c == 20 && m == 40: // channel.close
+		if ss.b.onClose != nil {
+			ss.b.onClose(f.Channel, ss.send)
+		}
+		delete(ss.chans, f.Channel)
+		err = ss.send(fakepeer.ChannelCloseOk(f.Channel))
+	case c == 10 && m == 50 && ss.b.ignoreClose:
+	case c == 10 && m == 50: // connection.close
+		_ = ss.send(fakepeer.ConnectionCloseOk())
+		return true, nil
+	}
+	return false, err
 }
 
 // publishAll publishes n messages from workers goroutines and returns the

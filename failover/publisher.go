@@ -101,7 +101,7 @@ type PublisherStats struct {
 	ChannelReopens uint64 // channels replaced on the same connection
 	Abandons       uint64 // connections abandoned by the ConfirmTimeout watchdog
 	Failed         uint64 // messages that failed with ErrNacked or ErrGaveUp
-	Connects       uint64 // connections set up (channel in confirm mode)
+	Connects       uint64 // channels set up in confirm mode: on a new connection, or reopened
 	Outstanding    int    // messages accepted and not yet settled, now
 
 	// ConfirmTimeoutNow is the confirm timeout in force: ConfirmTimeout,
@@ -531,60 +531,69 @@ func (p *Publisher) openChannel(cg *connGen, probe probeKind) (*chanGen, error) 
 // closes.
 func (p *Publisher) listen(g *chanGen, confirms <-chan amqp.Confirmation, closes <-chan *amqp.Error) {
 	for {
-		var c amqp.Confirmation
-		var ok bool
 		select {
-		case c, ok = <-confirms:
+		case c, ok := <-confirms:
+			if !ok {
+				p.channelClosed(g, closes)
+				return
+			}
+			p.confirm(g, c)
 		case <-p.ctx.Done():
 			// Closed: nothing is left to settle. The library closes
 			// confirms later, in some modes only after its own close
 			// timeout, and never blocks on it (the buffer has room).
 			return
 		}
-		if !ok {
-			break
-		}
-		p.mu.Lock()
-		m := g.inflight[c.DeliveryTag]
-		if m == nil { // the generation was retired, or a stray tag
-			p.mu.Unlock()
-			continue
-		}
-		delete(g.inflight, c.DeliveryTag)
-		g.order.Remove(m.oelem)
-		if c.Ack {
-			p.stats.Confirmed++
-			// The broker confirms again: the next stall is a new one.
-			p.stats.AbandonStreak = 0
-			p.stats.ConfirmTimeoutNow = p.o.ConfirmTimeout
-			p.settle(m, nil)
-			// The storm is over: the rest may follow.
-			probed := g.probe != noProbe
-			g.probe = noProbe
-			p.mu.Unlock()
-			if probed {
-				p.kick()
-			}
-			continue
-		}
-		p.stats.Nacks++
-		m.lastNack = true
-		if g.probe == probeFree {
-			// The nack answers for the channel, which the broker opened
-			// during the election, not for the message.
-			m.attempts--
-		}
-		id := m.msg.MessageId
-		p.requeue(m, fmt.Errorf("basic.nack of delivery tag %d", c.DeliveryTag), true)
-		if !p.o.KeepChannelOnNack {
-			g.fail(errors.New("failover: the broker nacked a message"), true)
-		}
-		p.mu.Unlock()
-		p.kick()
-		p.n.emit(Event{Kind: EventNack, MessageID: id})
 	}
-	// The channel closed: if the broker closed it, the manager replaces
-	// it (a closed connection is seen on its own listener).
+}
+
+// confirm settles the message that c acks, or requeues the one it nacks
+// and, unless KeepChannelOnNack, fails g so that the manager reopens it.
+func (p *Publisher) confirm(g *chanGen, c amqp.Confirmation) {
+	p.mu.Lock()
+	m := g.inflight[c.DeliveryTag]
+	if m == nil { // the generation was retired, or a stray tag
+		p.mu.Unlock()
+		return
+	}
+	delete(g.inflight, c.DeliveryTag)
+	g.order.Remove(m.oelem)
+	if c.Ack {
+		p.stats.Confirmed++
+		// The broker confirms again: the next stall is a new one.
+		p.stats.AbandonStreak = 0
+		p.stats.ConfirmTimeoutNow = p.o.ConfirmTimeout
+		p.settle(m, nil)
+		// The storm is over: the rest may follow.
+		probed := g.probe != noProbe
+		g.probe = noProbe
+		p.mu.Unlock()
+		if probed {
+			p.kick()
+		}
+		return
+	}
+	p.stats.Nacks++
+	m.lastNack = true
+	if g.probe == probeFree {
+		// The nack answers for the channel, which the broker opened
+		// during the election, not for the message.
+		m.attempts--
+	}
+	id := m.msg.MessageId
+	p.requeue(m, fmt.Errorf("basic.nack of delivery tag %d", c.DeliveryTag), true)
+	if !p.o.KeepChannelOnNack {
+		g.fail(errors.New("failover: the broker nacked a message"), true)
+	}
+	p.mu.Unlock()
+	p.kick()
+	p.n.emit(Event{Kind: EventNack, MessageID: id})
+}
+
+// channelClosed fails g once its confirmations ended: if the broker
+// closed the channel, the manager replaces it (a closed connection is
+// seen on its own listener).
+func (p *Publisher) channelClosed(g *chanGen, closes <-chan *amqp.Error) {
 	var err error = amqp.ErrClosed
 	if e, ok := <-closes; ok && e != nil {
 		err = e
@@ -695,139 +704,203 @@ func (p *Publisher) closeChannel(g *chanGen) {
 }
 
 // run is the manager: it watches the current connection and channel, and
-// replaces them. It never blocks on the network itself, except in setup,
-// which SetupTimeout and Close bound.
+// replaces them: by a new channel on the same connection when the
+// connection is still up (reopen), else by a new connection (failOver,
+// redial). It never blocks on the network itself, except in setup, which
+// SetupTimeout and Close bound.
 func (p *Publisher) run(cg *connGen, g *chanGen) {
 	defer close(p.done)
-	var tick <-chan time.Time
-	if p.o.ConfirmTimeout > 0 {
-		// From the shortest timeout in force, so that an abandonment
-		// comes within a quarter of ConfirmTimeout (1 s at most) of being
-		// due, backed off or not.
-		period := min(max(p.o.ConfirmTimeout/4, 5*time.Millisecond), time.Second)
-		t := time.NewTicker(period)
-		defer t.Stop()
-		tick = t.C
-	}
-	reopens, confirmedAtReopen := 0, ^uint64(0)
-	var stormStart time.Time // the first reopen since a confirmation
+	tick, stop := p.watchdog()
+	defer stop()
+	streak := reopenStreak{confirmed: ^uint64(0)}
 	for {
-		if g != nil {
-			p.mu.Lock()
-			p.cur = g
-			p.stats.Connects++
-			p.mu.Unlock()
-			p.n.emit(Event{Kind: EventConnected})
-			p.kick()
+		p.connected(g)
+		end, ok := p.watch(cg, g, tick)
+		if !ok {
+			return // Close
 		}
-		// Watch g until something ends it.
-		lost, reopen, nacked := false, false, false
-		var cause error
-	watch:
-		for g != nil {
-			select {
-			case <-p.ctx.Done():
-				return
-			case e, ok := <-cg.lost:
-				cause = fmt.Errorf("failover: connection lost: %w", closeErr(e, ok))
-				lost = true
-				break watch
-			case <-g.failed:
-				p.mu.Lock()
-				cause, nacked = g.failErr, g.nacked
-				reopen = nacked
-				p.mu.Unlock()
-				if !reopen {
-					// A write error, or the channel closed: if the
-					// connection is gone too (its close may trail the
-					// channel's by a moment), fail over; else reopen.
-					lost = connEnds(cg, 20*time.Millisecond)
-					reopen = !lost
-				}
-				break watch
-			case now := <-tick:
-				p.mu.Lock()
-				var oldest time.Time
-				if e := g.order.Front(); e != nil {
-					oldest = e.Value.(*message).sentAt
-				}
-				timeout, streak := p.stats.ConfirmTimeoutNow, p.stats.AbandonStreak
-				p.mu.Unlock()
-				if !oldest.IsZero() && now.Sub(oldest) >= timeout {
-					cause = fmt.Errorf("failover: no confirmation for %v (confirm timeout %v, %d abandonments before with no ack since): connection abandoned",
-						now.Sub(oldest).Round(time.Millisecond), timeout, streak)
-					p.mu.Lock()
-					p.stats.Abandons++
-					p.stats.AbandonStreak++
-					p.stats.ConfirmTimeoutNow = p.backedOff(p.stats.AbandonStreak)
-					next := p.stats.ConfirmTimeoutNow
-					p.mu.Unlock()
-					p.n.log.Warn("failover: confirm timeout, abandoning the connection", "waited", now.Sub(oldest),
-						"timeout", timeout, "next_timeout", next)
-					p.n.emit(Event{Kind: EventAbandon, Err: cause})
-					lost = true
-					break watch
-				}
-			}
-		}
-		if g != nil {
-			p.retire(g, cause)
-		}
-		if reopen {
-			p.mu.Lock()
-			p.stats.ChannelReopens++
-			if p.stats.Confirmed == confirmedAtReopen {
-				reopens++ // nothing confirmed since the last reopen
-			} else {
-				reopens, stormStart = 0, time.Now()
-			}
-			confirmedAtReopen = p.stats.Confirmed
-			p.mu.Unlock()
-			p.n.log.Info("failover: reopening the channel", "cause", cause)
-			p.n.emit(Event{Kind: EventChannelReopen, Err: cause})
-			p.closeChannel(g)
-			storm := reopens > 0 && nacked
-			if reopens > 0 && !sleepCtx(p.ctx, p.reopenDelay(reopens, storm)) {
+		p.retire(g, end.cause)
+		if end.reopen {
+			var closed bool
+			if g, closed, end.cause = p.reopen(cg, g, end, &streak); closed {
 				return
 			}
-			probe := noProbe
-			if storm {
-				probe = probeCharged
-				if time.Since(stormStart) < p.o.MaxConfirmTimeout {
-					probe = probeFree
-				}
-			}
-			ng, err := p.openChannel(cg, probe)
-			if err == nil {
-				g = ng
+			if g != nil {
 				continue
 			}
-			cause, lost = err, true
 		}
-		if lost || g == nil {
+		p.failOver(cg, end.cause)
+		if cg, g = p.redial(); g == nil {
+			return // Close
+		}
+	}
+}
+
+// watchdog returns the ticks of the ConfirmTimeout watchdog (nil, which
+// never ticks, when it is off) and what stops them.
+func (p *Publisher) watchdog() (<-chan time.Time, func()) {
+	if p.o.ConfirmTimeout <= 0 {
+		return nil, func() {}
+	}
+	// From the shortest timeout in force, so that an abandonment comes
+	// within a quarter of ConfirmTimeout (1 s at most) of being due,
+	// backed off or not.
+	period := min(max(p.o.ConfirmTimeout/4, 5*time.Millisecond), time.Second)
+	t := time.NewTicker(period)
+	return t.C, t.Stop
+}
+
+// connected makes g the current channel, and says so.
+func (p *Publisher) connected(g *chanGen) {
+	p.mu.Lock()
+	p.cur = g
+	p.stats.Connects++
+	p.mu.Unlock()
+	p.n.emit(Event{Kind: EventConnected})
+	p.kick()
+}
+
+// watchEnd is why watch stopped watching a channel.
+type watchEnd struct {
+	cause  error
+	reopen bool // the connection is still up: a new channel on it replaces the old
+	nacked bool // a nack retired the channel
+}
+
+// watch waits until something ends g: its connection's loss, its failure,
+// or the ConfirmTimeout watchdog abandoning its connection. It reports
+// false at Close.
+func (p *Publisher) watch(cg *connGen, g *chanGen, tick <-chan time.Time) (watchEnd, bool) {
+	for {
+		select {
+		case <-p.ctx.Done():
+			return watchEnd{}, false
+		case e, ok := <-cg.lost:
+			return watchEnd{cause: fmt.Errorf("failover: connection lost: %w", closeErr(e, ok))}, true
+		case <-g.failed:
 			p.mu.Lock()
-			p.stats.Failovers++
+			end := watchEnd{cause: g.failErr, reopen: g.nacked, nacked: g.nacked}
 			p.mu.Unlock()
-			p.n.log.Warn("failover: failing over", "cause", cause)
-			p.n.emit(Event{Kind: EventConnectionLost, Err: cause})
-			p.retireConn(cg)
+			if !end.reopen {
+				// A write error, or the channel closed: if the connection
+				// is gone too (its close may trail the channel's by a
+				// moment), fail over; else reopen.
+				end.reopen = !connEnds(cg, 20*time.Millisecond)
+			}
+			return end, true
+		case now := <-tick:
+			if cause := p.overdue(g, now); cause != nil {
+				return watchEnd{cause: cause}, true
+			}
 		}
-		// Redial until a connection with a confirm channel is up.
-		g = nil
-		for g == nil {
-			conn, err := dialLoop(p.ctx, p.o.Dial, p.o.Backoff, p.n)
-			if err != nil {
-				return // Close
-			}
-			cg = p.startConn(conn)
-			if g, err = p.openChannel(cg, noProbe); err != nil {
-				p.n.log.Warn("failover: channel setup failed", "err", err)
-				p.n.emit(Event{Kind: EventConnectionLost, Err: err})
-				p.retireConn(cg)
-				if !sleepCtx(p.ctx, p.o.Backoff.Initial) {
-					return
-				}
-			}
+	}
+}
+
+// overdue is the watchdog's check at now: when g's oldest unconfirmed
+// message has waited the confirm timeout in force, it counts the
+// abandonment, backs the timeout off, and returns the cause; else nil.
+func (p *Publisher) overdue(g *chanGen, now time.Time) error {
+	p.mu.Lock()
+	var oldest time.Time
+	if e := g.order.Front(); e != nil {
+		oldest = e.Value.(*message).sentAt
+	}
+	timeout, streak := p.stats.ConfirmTimeoutNow, p.stats.AbandonStreak
+	p.mu.Unlock()
+	if oldest.IsZero() || now.Sub(oldest) < timeout {
+		return nil
+	}
+	cause := fmt.Errorf("failover: no confirmation for %v (confirm timeout %v, %d abandonments before with no ack since): connection abandoned",
+		now.Sub(oldest).Round(time.Millisecond), timeout, streak)
+	p.mu.Lock()
+	p.stats.Abandons++
+	p.stats.AbandonStreak++
+	p.stats.ConfirmTimeoutNow = p.backedOff(p.stats.AbandonStreak)
+	next := p.stats.ConfirmTimeoutNow
+	p.mu.Unlock()
+	p.n.log.Warn("failover: confirm timeout, abandoning the connection", "waited", now.Sub(oldest),
+		"timeout", timeout, "next_timeout", next)
+	p.n.emit(Event{Kind: EventAbandon, Err: cause})
+	return cause
+}
+
+// reopenStreak counts the channel reopens with no confirmation between
+// them: a quorum queue's leader election still running (see reopenDelay).
+type reopenStreak struct {
+	n         int       // reopens since the last confirmation
+	confirmed uint64    // p.stats.Confirmed at the last reopen
+	start     time.Time // the first reopen since a confirmation: the storm's start
+}
+
+// count records a reopen, given the confirmations so far.
+func (s *reopenStreak) count(confirmed uint64) {
+	if confirmed == s.confirmed {
+		s.n++ // nothing confirmed since the last reopen
+	} else {
+		s.n, s.start = 0, time.Now()
+	}
+	s.confirmed = confirmed
+}
+
+// reopen replaces g, retired, by a new channel on cg, after reopenDelay
+// when it follows other reopens with no confirmation between them. A
+// reopen that follows a nack in such a streak (a storm) opens a probe
+// channel: probeFree within MaxConfirmTimeout of the storm's start,
+// probeCharged past it. It reports closed when Close came during the wait,
+// and the error of a channel that would not open, after which the
+// connection is failed over.
+func (p *Publisher) reopen(cg *connGen, g *chanGen, end watchEnd, s *reopenStreak) (ng *chanGen, closed bool, err error) {
+	p.mu.Lock()
+	p.stats.ChannelReopens++
+	s.count(p.stats.Confirmed)
+	p.mu.Unlock()
+	p.n.log.Info("failover: reopening the channel", "cause", end.cause)
+	p.n.emit(Event{Kind: EventChannelReopen, Err: end.cause})
+	p.closeChannel(g)
+	storm := s.n > 0 && end.nacked
+	if s.n > 0 && !sleepCtx(p.ctx, p.reopenDelay(s.n, storm)) {
+		return nil, true, nil
+	}
+	probe := noProbe
+	if storm {
+		probe = probeCharged
+		if time.Since(s.start) < p.o.MaxConfirmTimeout {
+			probe = probeFree
+		}
+	}
+	ng, err = p.openChannel(cg, probe)
+	return ng, false, err
+}
+
+// failOver counts and reports the end of cg, lost or abandoned for cause,
+// and abandons its connection.
+func (p *Publisher) failOver(cg *connGen, cause error) {
+	p.mu.Lock()
+	p.stats.Failovers++
+	p.mu.Unlock()
+	p.n.log.Warn("failover: failing over", "cause", cause)
+	p.n.emit(Event{Kind: EventConnectionLost, Err: cause})
+	p.retireConn(cg)
+}
+
+// redial dials until a connection with a confirm channel is up, and
+// returns both; nil at Close.
+func (p *Publisher) redial() (*connGen, *chanGen) {
+	for {
+		conn, err := dialLoop(p.ctx, p.o.Dial, p.o.Backoff, p.n)
+		if err != nil {
+			return nil, nil // Close
+		}
+		cg := p.startConn(conn)
+		g, err := p.openChannel(cg, noProbe)
+		if err == nil {
+			return cg, g
+		}
+		p.n.log.Warn("failover: channel setup failed", "err", err)
+		p.n.emit(Event{Kind: EventConnectionLost, Err: err})
+		p.retireConn(cg)
+		if !sleepCtx(p.ctx, p.o.Backoff.Initial) {
+			return nil, nil
 		}
 	}
 }
@@ -837,7 +910,7 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 // election still running): Backoff's delay, so that a channel the broker
 // keeps closing is not reopened in a tight loop. In a nack storm (storm:
 // the channel was retired by a nack) the delay is capped at a quarter of
-// ConfirmTimeout (1 s without one), within Backoff's bounds: a channel
+// ConfirmTimeout and at 1 s, within Backoff's bounds: a channel
 // opened during the election nacks every publish for as long as it lives,
 // even after the election (TestRabbitMQNackStormAfterLeaderElection), so
 // only the next reopen sees that it ended, and an uncapped backoff (5 s
@@ -845,7 +918,8 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 // confirm again. The storm's channels are probe channels, which carry one
 // message at a time, so a reopen spends at most one attempt of one message
 // (MaxAttempts), not one of every unconfirmed message; and none within
-// MaxConfirmTimeout of the storm's first reopen, since a nack then
+// MaxConfirmTimeout of the first reopen since a confirmation (the
+// storm's start), since a nack then
 // answers for the channel, opened during the election, not for the
 // message (the cluster suite's fault 5pmL: nacks for 4.3 s, which at 2
 // reopens a second spent MaxAttempts of the probe). Past it, the storm

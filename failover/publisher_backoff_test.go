@@ -45,7 +45,7 @@ func TestBackedOffConfirmTimeout(t *testing.T) {
 }
 
 // The reopen delay: Backoff's, capped in a nack storm at a quarter of
-// ConfirmTimeout (1 s without one), within Backoff's bounds.
+// ConfirmTimeout and at 1 s, within Backoff's bounds.
 func TestReopenDelay(t *testing.T) {
 	const ms = time.Millisecond
 	for _, tc := range []struct {
