@@ -24,169 +24,6 @@ import (
 // the channel's outbox (outbox.go), which hands them over in arrival order
 // and never drops one while its listener is open.
 
-// serialQueue runs jobs in order on a goroutine that exists only while
-// jobs are queued, or for a while after (linger), parked for the next
-// burst: starting a goroutine per burst cost the drain workload 7–13% of
-// its CPU (newproc, issue #18). Each job's cost is charged to the budget
-// until it ran.
-type serialQueue struct {
-	budget *budget
-	// outer, when set, is the lock under which jobs are pushed; the queue
-	// takes it too when it finds itself empty, so that retired runs with
-	// no push in flight.
-	outer *sync.Mutex
-	// retired runs under outer when the queue empties; it reports whether
-	// the queue is still wanted, and so may park.
-	retired func() (keep bool)
-	// handleJob runs the jobs that have no run function. It takes the job
-	// by value: a pointer to the loop's copy would move it to the heap, an
-	// allocation per job.
-	handleJob func(queuedJob)
-	// work, when set, counts queued jobs for a shutdown to wait on.
-	work *workCount
-	// linger is how long the goroutine stays parked after the queue
-	// emptied, for the next push to wake it rather than start another;
-	// zero retires it at once. ended, when set, returns a chan closed
-	// when a parked goroutine must retire at once (the connection's end).
-	linger time.Duration
-	ended  func() <-chan struct{}
-
-	mu     sync.Mutex
-	jobs   runQueue[queuedJob]
-	parked bool          // the goroutine waits for wake
-	wake   chan struct{} // made with the first park
-	timer  *time.Timer   // the linger, reused across parks (goroutine only)
-}
-
-// queuedJob is a function to run, or what the queue's handleJob takes:
-// a method frame, a complete content message, or a delivery. The drainer
-// queues one job per method or complete message, and none needs a
-// closure.
-type queuedJob struct {
-	run  func()
-	f    frame              // a method that starts no content
-	msg  messageWithContent // a complete content message (not a fast basic.deliver)
-	del  *Delivery          // a complete basic.deliver from the fast path
-	cost int64
-}
-
-// push queues a job, starting the queue's goroutine if it is not running.
-func (q *serialQueue) push(cost int64, run func()) {
-	q.pushJob(queuedJob{run: run, cost: cost})
-}
-
-func (q *serialQueue) pushJob(job queuedJob) {
-	q.budget.charge(job.cost)
-	if q.work != nil {
-		q.work.add(1)
-	}
-	q.mu.Lock()
-	start := q.jobs.put(job)
-	unpark := start && q.parked
-	if unpark {
-		q.parked = false
-	}
-	q.mu.Unlock()
-	switch {
-	case unpark:
-		q.wake <- struct{}{} // buffered, and drained before each park
-	case start:
-		go q.loop()
-	}
-}
-
-func (q *serialQueue) loop() {
-	for {
-		job, ok, park := q.pop()
-		if !ok {
-			if park && q.parkUntilPushed() {
-				continue
-			}
-			return
-		}
-		if job.run != nil {
-			job.run()
-		} else {
-			q.handleJob(job)
-		}
-		q.budget.release(job.cost)
-		if q.work != nil {
-			q.work.add(-1)
-		}
-	}
-}
-
-// pop takes the next job. When there is none, it reports whether the
-// goroutine may park (and marks it parked) rather than retire.
-func (q *serialQueue) pop() (job queuedJob, ok, park bool) {
-	if q.outer != nil {
-		q.outer.Lock()
-		defer q.outer.Unlock()
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	job, ok = q.jobs.front()
-	if !ok {
-		keep := true
-		if q.retired != nil {
-			keep = q.retired()
-		}
-		if park = keep && q.linger > 0; park {
-			q.parked = true
-			if q.wake == nil {
-				q.wake = make(chan struct{}, 1)
-			}
-		}
-		return queuedJob{}, false, park
-	}
-	q.jobs.drop()
-	return job, true, false
-}
-
-// parkUntilPushed waits for a push, and reports true once one woke the
-// goroutine; false when the linger passed or the connection ended first,
-// and the goroutine retires (the next push starts another).
-func (q *serialQueue) parkUntilPushed() bool {
-	var ended <-chan struct{}
-	if q.ended != nil {
-		ended = q.ended()
-	}
-	if q.timer == nil {
-		q.timer = time.NewTimer(q.linger)
-	} else {
-		q.timer.Reset(q.linger)
-	}
-	select {
-	case <-q.wake:
-		stopTimer(q.timer)
-		return true
-	case <-q.timer.C:
-	case <-ended:
-		stopTimer(q.timer)
-	}
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if !q.parked {
-		// A push claimed the goroutine as it gave up: its token is the
-		// push's, and so is the job.
-		<-q.wake
-		return true
-	}
-	q.parked = false
-	return false
-}
-
-// stopTimer stops t and drains a value it sent already, so that a Reset
-// starts afresh under either timer implementation (GODEBUG asynctimerchan).
-func stopTimer(t *time.Timer) {
-	if !t.Stop() {
-		select {
-		case <-t.C:
-		default:
-		}
-	}
-}
-
 // chanDispatcher is one channel's dispatcher: its queue, which runs the
 // channel's methods and complete messages in order, and its outbox, which
 // hands the channel's notifications over in the same order. Content is
@@ -276,7 +113,7 @@ func (d *drainConn) protocolClose(err *Error) {
 func (d *drainConn) conn0Work(job func()) {
 	d.mu.Lock()
 	if d.conn0 == nil {
-		d.conn0 = &serialQueue{budget: d.budget}
+		d.conn0 = &serialQueue{workQueue: workQueue[queuedJob]{budget: d.budget}}
 	}
 	q := d.conn0
 	d.mu.Unlock()
@@ -378,26 +215,6 @@ func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
 	o.budget, o.work = d.budget, &d.work
 	o.closeWait = d.opts.CloseTimeout
 	o.watch = d.watch
-}
-
-// idle reports whether the queue has no job waiting or running (its
-// goroutine, if any, is parked). The drainer, the one pusher, asks it
-// under the outer lock: a false answer stays false until it pushes.
-func (q *serialQueue) idle() bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return !q.jobs.running
-}
-
-// unpark wakes the goroutine if it is parked, which then looks at the
-// queue again (and retires if retired says so).
-func (q *serialQueue) unpark() {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.parked {
-		q.parked = false
-		q.wake <- struct{}{}
-	}
 }
 
 // handle dispatches one method or complete message.

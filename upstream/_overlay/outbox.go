@@ -6,7 +6,6 @@ package amqp091
 import (
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
@@ -24,11 +23,12 @@ import (
 // The drainer keeps that order with one outbox per channel (and one for the
 // connection's blocked/unblocked): a queue of notifications, settlements
 // and actions, handed over strictly in arrival order by a goroutine that
-// exists only while the queue is not empty. An unread listener therefore
-// holds back the later notifications of its own channel, as upstream's
-// order requires, and nothing else: the drainer goes on reading, other
-// channels go on, and RPC replies (which are not notifications) reach
-// their callers at once. What waits is charged to the budget.
+// exists only while the queue is not empty (its workQueue, workqueue.go).
+// An unread listener therefore holds back the later notifications of its
+// own channel, as upstream's order requires, and nothing else: the drainer
+// goes on reading, other channels go on, and RPC replies (which are not
+// notifications) reach their callers at once. What waits is charged to the
+// budget.
 //
 // When nothing waits, the producer (the channel's dispatcher, or the
 // drainer for the connection) hands a notification over itself, without
@@ -73,10 +73,13 @@ type outItem interface {
 	kind() ListenerKind
 }
 
-// queuedItem is an item with the time it was queued (monoNow).
+// queuedItem is an item, what it is charged, its sequence number, and the
+// time it was queued (monoNow).
 type queuedItem struct {
-	it outItem
-	at int64
+	it   outItem
+	at   int64
+	seq  uint64
+	cost int64
 }
 
 // monoBase anchors monoNow.
@@ -86,7 +89,8 @@ var monoBase = time.Now()
 // queued item than a time.Time.
 func monoNow() int64 { return int64(time.Since(monoBase)) }
 
-// outbox hands one owner's notifications over in arrival order.
+// outbox hands one owner's notifications over in arrival order: a
+// workQueue whose goroutine hands its items over, and never parks.
 //
 // One goroutine at a time produces into an outbox: the channel's
 // dispatcher (one job at a time), or the drainer for the connection's. So
@@ -94,21 +98,20 @@ func monoNow() int64 { return int64(time.Since(monoBase)) }
 // producer itself queues something, which is what lets it hand a
 // notification over inline.
 type outbox struct {
-	lock      *sync.RWMutex // the owner's notifyM, held by upstream while it closes listeners
-	closed    *bool         // the owner's noNotify, guarded by lock
-	budget    *budget
-	work      *workCount    // the connection's queued work, which a shutdown waits for
-	closeWait time.Duration // how long a close waits for the notifications before it
+	workQueue[queuedItem] // the front is being handed over
 
-	mu     sync.Mutex
-	items  runQueue[queuedItem] // the front is being handed over
-	queued uint64               // items ever queued; an item's sequence number is queued after it
-	// Items numbered up to dropThrough are dropped once dropAt has
-	// passed: a close is waiting behind them.
+	lock       *sync.RWMutex // the owner's notifyM, held by upstream while it closes listeners
+	closed     *bool         // the owner's noNotify, guarded by lock
+	closeWait  time.Duration // how long a close waits for the notifications before it
+	retired    func()        // runs under outer when the outbox empties, if set
+	sliceTimer *time.Timer   // a blocked hand-over's slice (the goroutine's only)
+
+	// Under mu: queued counts the items ever queued, which numbers them
+	// (queuedItem.seq); items numbered up to dropThrough are dropped once
+	// dropAt has passed: a close is waiting behind them.
+	queued      uint64
 	dropThrough uint64
 	dropAt      time.Time
-	retired     func() // runs under outer when the outbox empties, if set
-	outer       *sync.Mutex
 
 	// For Stats, the warnings and the stall policy (watch.go).
 	channel uint16         // the owner's channel id, 0 for the connection
@@ -119,34 +122,20 @@ type outbox struct {
 	dropped map[any]bool   // listeners given up on, under lock
 }
 
-// idle reports whether nothing waits and no goroutine hands anything over.
-// Only the producer may act on a true answer (see outbox).
-func (o *outbox) idle() bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return !o.items.running
-}
-
 // queue appends an item, charged to the budget, and starts the hand-over
 // goroutine if none runs. It returns the item's sequence number.
 func (o *outbox) queue(it outItem) uint64 {
-	cost := it.cost()
-	o.budget.charge(cost)
-	o.work.add(1)
-	at := monoNow()
+	cost, at := it.cost(), monoNow()
 	o.mu.Lock()
-	start := o.items.put(queuedItem{it, at})
 	o.queued++
 	seq := o.queued
+	start := o.putLocked(queuedItem{it, at, seq, cost}, cost)
 	o.bytes += cost
 	o.notes += itemCount(it)
-	var h outboxHead
-	if o.watch != nil {
-		h = o.headLocked(at)
-	}
+	h := o.headLocked(at) // for the depth warning
 	o.mu.Unlock()
 	if start {
-		go o.run()
+		go o.loop(o)
 	}
 	if o.watch != nil {
 		o.watch.queued(o, h)
@@ -154,12 +143,20 @@ func (o *outbox) queue(it outItem) uint64 {
 	return seq
 }
 
-// dropBefore makes the items queued before seq droppable once wait has
-// passed: seq is a close, which must not wait longer for them.
+// dropBefore makes the items queued before seq (0: every item queued so
+// far) droppable once wait has passed: seq is a close, which must not wait
+// longer for them. Once they are done the deadline is forgotten
+// (doneItem), so that it never applies to a later close.
 func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
+	at := time.Now().Add(wait)
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	at := time.Now().Add(wait)
+	if seq == 0 {
+		seq = o.queued + 1
+	}
+	if q := o.items.queued(); len(q) == 0 || q[0].seq >= seq {
+		return // done already
+	}
 	if seq-1 > o.dropThrough {
 		o.dropThrough = seq - 1
 	}
@@ -169,79 +166,47 @@ func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
 }
 
 // dropQueued makes everything queued so far droppable now.
-func (o *outbox) dropQueued() {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.dropThrough = o.queued
-	o.dropAt = time.Now()
-}
+func (o *outbox) dropQueued() { o.dropBefore(0, 0) }
 
-// mustDrop reports whether the item numbered seq has waited past a close's
-// deadline.
-func (o *outbox) mustDrop(seq uint64) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return seq <= o.dropThrough && !time.Now().Before(o.dropAt)
-}
-
-func (o *outbox) run() {
-	slice := outboxMinSlice
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		it, seq, at, ok := o.next()
-		if !ok {
+// runItem hands an item over, one slice at a time (the slice doubling up
+// to outboxMaxSlice), until it is all handed over or has waited past a
+// close's deadline: then it is dropped.
+func (o *outbox) runItem(q queuedItem) {
+	for slice := outboxMinSlice; !q.it.handOver(o, slice, &o.sliceTimer); {
+		o.mu.Lock()
+		drop := q.seq <= o.dropThrough && !time.Now().Before(o.dropAt)
+		o.mu.Unlock()
+		if drop {
+			q.it.drop()
 			return
 		}
-		for !it.handOver(o, slice, &timer) {
-			if o.mustDrop(seq) {
-				it.drop()
-				break
-			}
-			if o.watch != nil {
-				o.watch.waiting(o, it, at)
-			}
-			if slice *= 2; slice > outboxMaxSlice {
-				slice = outboxMaxSlice
-			}
+		if o.watch != nil {
+			o.watch.waiting(o, q.it, q.at)
 		}
-		slice = outboxMinSlice
-		cost := it.cost()
-		o.mu.Lock()
-		o.items.drop()
-		o.bytes -= cost
-		o.notes -= itemCount(it)
-		o.mu.Unlock()
-		o.budget.release(cost)
-		o.work.add(-1)
+		if slice *= 2; slice > outboxMaxSlice {
+			slice = outboxMaxSlice
+		}
 	}
 }
 
-// next returns the item at the head of the queue, or retires the
-// goroutine when there is none.
-func (o *outbox) next() (outItem, uint64, int64, bool) {
-	if o.outer != nil {
-		o.outer.Lock()
-		defer o.outer.Unlock()
+// doneItem uncounts a handed-over (or dropped) item, and forgets a close's
+// deadline once no item it applies to is left.
+func (o *outbox) doneItem(q queuedItem) int64 {
+	o.bytes -= q.cost
+	o.notes -= itemCount(q.it)
+	if q.seq >= o.dropThrough {
+		o.dropThrough, o.dropAt = 0, time.Time{}
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	q, ok := o.items.front()
-	if !ok {
-		if o.dropThrough >= o.queued {
-			o.dropThrough, o.dropAt = 0, time.Time{}
-		}
-		if o.retired != nil {
-			o.retired()
-		}
-		return nil, 0, 0, false
+	return q.cost
+}
+
+// retire runs the owner's retired, and never keeps the goroutine: an
+// outbox goroutine exists only while items wait.
+func (o *outbox) retire() bool {
+	if o.retired != nil {
+		o.retired()
 	}
-	waiting := uint64(len(o.items.queued()))
-	return q.it, o.queued - waiting + 1, q.at, true
+	return false
 }
 
 // notifyAllInOrder hands vs to every listener in ls, in order, after
@@ -252,7 +217,7 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 		return
 	}
 	n := notes[T]{ls: ls, vs: vs, costOf: cost}
-	if o.idle() && n.tryNow(o) {
+	if o.idle() && n.handOver(o, 0, nil) {
 		return
 	}
 	// Copied, so that the inline attempt above allocates nothing.
@@ -263,24 +228,21 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 }
 
 // inOrder runs f after everything queued before it: at once when the
-// outbox is idle.
-func (o *outbox) inOrder(f func()) {
+// outbox is idle. It returns f's sequence number, 0 if it ran at once.
+func (o *outbox) inOrder(f func()) uint64 {
 	if o.idle() {
 		f()
-		return
+		return 0
 	}
-	o.queue(action(f))
+	return o.queue(action(f))
 }
 
 // closeInOrder runs a close after everything queued before it, but waits
 // for the queued notifications at most closeWait: then they are dropped.
 func (o *outbox) closeInOrder(f func()) {
-	if o.idle() {
-		f()
-		return
+	if seq := o.inOrder(f); seq > 0 {
+		o.dropBefore(seq, o.closeWait)
 	}
-	seq := o.queue(action(f))
-	o.dropBefore(seq, o.closeWait)
 }
 
 // notes are the values of one frame for the listeners of one kind, and how
@@ -328,10 +290,13 @@ func (n *notes[T]) cost() int64 {
 	return c
 }
 
-// tryNow hands over what it can without waiting or blocking on the notify
-// lock, and reports whether that was everything.
-func (n *notes[T]) tryNow(o *outbox) bool {
-	if !o.lock.TryRLock() {
+// handOver offers what is left of the values, waiting at most one slice
+// for a listener that has no room (see outItem). With slice 0 it waits for
+// nothing, not even the notify lock: the producer's inline attempt.
+func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) bool {
+	if slice > 0 {
+		o.lock.RLock()
+	} else if !o.lock.TryRLock() {
 		return false
 	}
 	defer o.lock.RUnlock()
@@ -345,7 +310,10 @@ func (n *notes[T]) tryNow(o *outbox) bool {
 			}
 			select {
 			case n.ls[n.li] <- n.vs[n.vi]:
+				continue
 			default:
+			}
+			if slice == 0 || !n.sendWithin(slice, timer) {
 				return false
 			}
 		}
@@ -353,38 +321,18 @@ func (n *notes[T]) tryNow(o *outbox) bool {
 	return true
 }
 
-func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) bool {
-	o.lock.RLock()
-	defer o.lock.RUnlock()
-	if *o.closed {
-		return true
-	}
-	for ; n.vi < len(n.vs); n.vi, n.li = n.vi+1, 0 {
-		for ; n.li < len(n.ls); n.li++ {
-			if o.dropped != nil && o.dropped[n.ls[n.li]] {
-				continue // closed by the stall policy
-			}
-			select {
-			case n.ls[n.li] <- n.vs[n.vi]:
-				continue
-			default:
-			}
-			if *timer == nil {
-				*timer = time.NewTimer(slice)
-			} else {
-				(*timer).Reset(slice)
-			}
-			select {
-			case n.ls[n.li] <- n.vs[n.vi]:
-				if !(*timer).Stop() {
-					<-(*timer).C
-				}
-			case <-(*timer).C:
-				return false
-			}
+// sendWithin sends the next value to the next listener, waiting at most
+// slice, and reports whether it did.
+func (n *notes[T]) sendWithin(slice time.Duration, timer **time.Timer) bool {
+	select {
+	case n.ls[n.li] <- n.vs[n.vi]:
+		if !(*timer).Stop() {
+			<-(*timer).C
 		}
+		return true
+	case <-startTimer(timer, slice):
+		return false
 	}
-	return true
 }
 
 func (n *notes[T]) drop() {}
@@ -458,60 +406,4 @@ func (d *deferredConfirmations) take(from, last, tag uint64, multiple bool) []*D
 		}
 	}
 	return dcs
-}
-
-// workCount counts a connection's queued work (dispatcher jobs and outbox
-// items), so that a shutdown can wait until what arrived before it has
-// been handed over.
-type workCount struct {
-	n       atomic.Int64
-	waiters atomic.Pointer[chan struct{}]
-}
-
-func (w *workCount) add(delta int64) {
-	if w.n.Add(delta) == 0 && w.waiters.Load() != nil {
-		if p := w.waiters.Swap(nil); p != nil {
-			close(*p)
-		}
-	}
-}
-
-// waitIdle waits until no work is queued, or until deadline. It reports
-// whether the work got done.
-func (w *workCount) waitIdle(deadline time.Time) bool {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	for {
-		var woken chan struct{}
-		if p := w.waiters.Load(); p != nil {
-			woken = *p
-		} else {
-			ch := make(chan struct{})
-			if !w.waiters.CompareAndSwap(nil, &ch) {
-				continue
-			}
-			woken = ch
-		}
-		if w.n.Load() == 0 {
-			return true
-		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return false
-		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
-		select {
-		case <-woken:
-		case <-timer.C:
-			return w.n.Load() == 0
-		}
-	}
 }

@@ -19,7 +19,7 @@ type testOwner struct {
 func newTestOutbox(owner *testOwner, closeWait time.Duration) (*outbox, *budget, *workCount) {
 	b := newBudget(1<<20, 1<<19)
 	w := &workCount{}
-	return &outbox{lock: &owner.notifyM, closed: &owner.noNotify, budget: b, work: w, closeWait: closeWait}, b, w
+	return &outbox{lock: &owner.notifyM, closed: &owner.noNotify, workQueue: workQueue[queuedItem]{budget: b, work: w}, closeWait: closeWait}, b, w
 }
 
 func intCost(int) int64        { return 1 }

@@ -13,9 +13,9 @@ import (
 	"time"
 )
 
-// Unit tests of the outbox and workCount (outbox.go) on synctest's fake
-// clock; outbox_test.go has the first ones, on the real clock. No broker,
-// no socket. The helpers (testOwner, newTestOutbox, intCost, budgetUsed)
+// Unit tests of the outbox (outbox.go) and workCount (workqueue.go) on
+// synctest's fake clock; outbox_test.go has the first ones, on the real
+// clock. No broker, no socket. The helpers (testOwner, newTestOutbox, intCost, budgetUsed)
 // are outbox_test.go's.
 
 // TestUnitOutboxSliceSchedule pins the hand-over's slices for a listener
@@ -157,7 +157,7 @@ func TestUnitOutboxOrderAcrossListeners(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		var owner, other testOwner
 		o, b, w := newTestOutbox(&owner, time.Hour)
-		o2 := &outbox{lock: &other.notifyM, closed: &other.noNotify, budget: b, work: w, closeWait: time.Hour}
+		o2 := &outbox{lock: &other.notifyM, closed: &other.noNotify, workQueue: workQueue[queuedItem]{budget: b, work: w}, closeWait: time.Hour}
 		start := time.Now()
 		returns := make(chan string)
 		roomy := make(chan int, 10)
@@ -258,6 +258,32 @@ func TestUnitOutboxDropQueued(t *testing.T) {
 		}
 		if !w.waitIdle(time.Now().Add(time.Second)) {
 			t.Error("the outbox did not empty")
+		}
+	})
+}
+
+// TestUnitOutboxCloseDeadlineEndsWithItsItems pins that a close's
+// deadline applies only to the items queued before it: once they are
+// done it is forgotten, so a later close waits its own closeWait (1 s:
+// the close runs at 1013 ms, the slice end after it), not the rest of an
+// earlier close's. A dropQueued that finds nothing queued sets none.
+func TestUnitOutboxCloseDeadlineEndsWithItsItems(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		var owner testOwner
+		o, _, w := newTestOutbox(&owner, time.Second)
+		unread := make(chan int)
+		for i := 0; i < 2; i++ {
+			start := time.Now()
+			notifyAllInOrder(o, []chan int{unread}, intCost, i)
+			var ranAt time.Duration
+			o.closeInOrder(func() { ranAt = time.Since(start) })
+			if !w.waitIdle(start.Add(time.Hour)) {
+				t.Fatal("the outbox did not empty")
+			}
+			if want := 1013 * time.Millisecond; ranAt != want {
+				t.Errorf("close %d ran at %s, want %s", i, ranAt, want)
+			}
+			o.dropQueued() // nothing queued: no deadline for what follows
 		}
 	})
 }

@@ -3,12 +3,13 @@
 
 package amqp091
 
-// runQueue is the queue behind the drainer's "a goroutine only while work
-// waits": a channel dispatcher's jobs (serialQueue) and an outbox's items.
-// A burst starts a goroutine, which takes the items in order and retires
-// when it finds none, so an idle channel costs no goroutine. The owner
-// guards the queue with its own lock, and starts the goroutine when put
-// says so.
+// runQueue is the slice behind a queue whose taker runs, or is awake, only
+// while items wait. Its three users: the workQueue (workqueue.go) of a
+// serialQueue and of an outbox, whose taker is the queue's goroutine, and
+// a consumer's inbox (inbox.go), whose taker hands its deliveries to the
+// application. put reports whether the taker must be started or woken;
+// front, on an empty queue, counts the taker as gone (retired or parked),
+// so that the next put reports it again. The owner's lock guards it.
 type runQueue[T any] struct {
 	items   []T // items[head:] wait; items[head] is the next
 	head    int
@@ -16,14 +17,14 @@ type runQueue[T any] struct {
 }
 
 // keepItems is the capacity up to which an emptied queue keeps its slice
-// for the next burst: the drainer queues a job per frame, and
+// for the next burst: the drainer queues a job per method or message, and
 // reallocating per burst costs more than the frames' own parsing. Bigger
 // slices, left by a burst the budget allowed, are dropped so they do not
 // stay pinned.
 const keepItems = 1024
 
-// put appends v and reports whether the owner must start the goroutine:
-// none runs.
+// put appends v and reports whether the owner must start or wake the
+// taker: it is not running.
 func (q *runQueue[T]) put(v T) (start bool) {
 	if len(q.items) == cap(q.items) && q.head >= len(q.items)/2 {
 		// Full, and at least half of it already taken: slide the waiting
@@ -43,8 +44,8 @@ func (q *runQueue[T]) put(v T) (start bool) {
 }
 
 // front returns the next item, leaving it in the queue (drop takes it
-// out). When none waits, the goroutine retires: front reports false and
-// the next put starts another.
+// out). When none waits it reports false, and the taker no longer counts
+// as running: the next put reports that it must be started or woken.
 func (q *runQueue[T]) front() (T, bool) {
 	if q.head == len(q.items) {
 		q.head = 0

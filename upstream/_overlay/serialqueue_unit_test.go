@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// Unit tests of serialQueue (drainer_dispatch.go), the on-demand goroutine
+// Unit tests of serialQueue and its workQueue (workqueue.go), the goroutine
 // behind each channel's dispatcher and the connection's channel-0 work: no
 // broker, no socket, on synctest's fake clock.
 
@@ -35,7 +35,7 @@ func TestUnitSerialQueueRunsInOrderOneAtATime(t *testing.T) {
 			running atomic.Int32
 		)
 		b := newBudget(1<<20, 1<<19)
-		q := &serialQueue{budget: b, work: &work}
+		q := &serialQueue{workQueue: workQueue[queuedJob]{budget: b, work: &work}}
 		q.handleJob = func(job queuedJob) {
 			order = append(order, int(job.f.channel()))
 			if job.cost != 7 {
@@ -92,7 +92,7 @@ func TestUnitSerialQueueRetiresAndRestarts(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		var outer sync.Mutex
 		var retirements int
-		q := &serialQueue{budget: newBudget(1<<20, 1<<19), outer: &outer}
+		q := &serialQueue{workQueue: workQueue[queuedJob]{budget: newBudget(1<<20, 1<<19), outer: &outer}}
 		q.retired = func() bool {
 			if outer.TryLock() {
 				outer.Unlock()
@@ -172,7 +172,7 @@ func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
 				ran   [producers][]int // appended by the jobs, without a lock
 			)
 			b := newBudget(1<<20, 1<<19)
-			q := &serialQueue{budget: b, work: &work}
+			q := &serialQueue{workQueue: workQueue[queuedJob]{budget: b, work: &work}}
 			var retirements atomic.Int32
 			q.retired = func() bool { retirements.Add(1); return true }
 			q.linger = c.linger // parks, and retires after a pause longer than it
@@ -233,11 +233,11 @@ func TestUnitSerialQueueConcurrentPushes(t *testing.T) {
 // burst the budget allowed does not stay pinned.
 func TestUnitSerialQueueMemory(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
-		q := &serialQueue{budget: newBudget(1<<30, 1<<29)}
+		q := &serialQueue{workQueue: workQueue[queuedJob]{budget: newBudget(1<<30, 1<<29)}}
 		capacity := func() int {
 			q.mu.Lock()
 			defer q.mu.Unlock()
-			return cap(q.jobs.items)
+			return cap(q.items.items)
 		}
 		job := func() { time.Sleep(time.Millisecond) }
 		for i := 0; i < 10; i++ {
@@ -272,15 +272,17 @@ func TestUnitSerialQueueMemory(t *testing.T) {
 // a burst the goroutine parks, a push within the linger wakes that same
 // goroutine (no new one), it retires once the linger passes without a
 // push, at once when ended closes, and when retired says the queue is no
-// longer wanted. The bubble ending without a deadlock shows that no
+// longer wanted. An unpark wakes it to look again, and it counts as
+// running until it has: a push meanwhile starts no second goroutine (two
+// would run jobs side by side). The bubble ending without a deadlock shows that no
 // parked goroutine outlives these.
 func TestUnitSerialQueueParks(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		ended := make(chan struct{})
 		keep := true
 		var starts atomic.Int32
-		q := &serialQueue{budget: newBudget(1<<20, 1<<19), linger: time.Second,
-			ended: func() <-chan struct{} { return ended }, retired: func() bool { return keep }}
+		q := &serialQueue{retired: func() bool { return keep }, workQueue: workQueue[queuedJob]{
+			budget: newBudget(1<<20, 1<<19), linger: time.Second, ended: func() <-chan struct{} { return ended }}}
 		isParked := func() bool {
 			q.mu.Lock()
 			defer q.mu.Unlock()
@@ -343,6 +345,12 @@ func TestUnitSerialQueueParks(t *testing.T) {
 		synctest.Wait()
 		if !isParked() || len(gids) != 6 {
 			t.Errorf("after unpark: parked %v, %d jobs ran (want true, 6)", isParked(), len(gids))
+		}
+		q.unpark()
+		push() // before the woken goroutine looked again: it is still the one
+		synctest.Wait()
+		if len(gids) != 7 || gids[6] != gids[5] {
+			t.Error("a push right after unpark did not run on the woken goroutine")
 		}
 		close(ended)
 	})
