@@ -326,9 +326,7 @@ func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) 
 func (n *notes[T]) sendWithin(slice time.Duration, timer **time.Timer) bool {
 	select {
 	case n.ls[n.li] <- n.vs[n.vi]:
-		if !(*timer).Stop() {
-			<-(*timer).C
-		}
+		stopTimer(*timer)
 		return true
 	case <-startTimer(timer, slice):
 		return false
