@@ -52,17 +52,21 @@ var ErrRPCTimeout = errors.New("amqp: no reply within the RPC timeout")
 
 // RPCError is returned by a synchronous method whose reply did not come
 // before its context ended (a ...WithContext method) or before the read
-// mode's RPCTimeout. errors.Is(err, ctx.Err()) holds for the first,
-// errors.Is(err, ErrRPCTimeout) for the second. When the request had been
+// mode's RPCTimeout. errors.Is(err, context.Cause(ctx)) holds for the
+// first (that is ctx.Err() unless ctx was given a cause), errors.Is(err,
+// ErrRPCTimeout) for the second. When the request had been
 // handed to the connection, the channel (for a channel-level request) or
 // the connection (for a connection-level one) is closed as a consequence,
 // and errors.Is(err, ErrClosed) holds too: open a new channel to go on.
+// Whether the broker carried out the request is then unknown, as with any
+// request whose reply was lost: a declaration may exist, a message taken
+// by a GetWithContext with autoAck may be gone.
 type RPCError struct {
 	// Method is the request, in the spec's dotted form ("queue.declare").
 	Method string
 	// Channel is the channel the request was sent on; 0 for the connection.
 	Channel uint16
-	// Err is ctx.Err() (or context.Cause) or ErrRPCTimeout.
+	// Err is context.Cause(ctx) or ErrRPCTimeout.
 	Err error
 	// Closed reports whether the channel or connection was closed because
 	// the reply was given up on. It is false when the context had already
@@ -70,6 +74,8 @@ type RPCError struct {
 	Closed bool
 }
 
+// Error names the request and the cause, and says whether it was sent and
+// what was closed.
 func (e *RPCError) Error() string {
 	on := "connection"
 	if e.Channel != 0 {
@@ -81,6 +87,7 @@ func (e *RPCError) Error() string {
 	return fmt.Sprintf("amqp: %s on %s: no reply: %v (the %s is closed)", e.Method, on, e.Err, onKind(e.Channel))
 }
 
+// onKind names what an RPC on channel closes when it is given up.
 func onKind(channel uint16) string {
 	if channel == 0 {
 		return "connection"
@@ -128,8 +135,9 @@ func (r *boundedRun) finish() error {
 // runBounded runs call bounded by ctx. It returns call's error if call
 // returns first. Otherwise it runs abandon, which must not block, with
 // the chan that receives once call has returned, and returns the
-// *RPCError for the caller. A ctx that cannot end (Done nil)
-// runs call on the caller's goroutine: exactly the plain method.
+// *RPCError for the caller. A ctx that has ended already runs nothing; one
+// that cannot end (Done nil) runs call on the caller's goroutine: exactly
+// the plain method.
 func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error, ended <-chan struct{})) error {
 	if ctx == nil {
 		return errNilContext
@@ -174,11 +182,10 @@ func (ch *Channel) abandon(method string) { ch.abandonAfter(method, nil) }
 // request yet: the call checks that ch is open, then waits for the write
 // lock (in legacy mode, for a read to end), and a stand-in's channel.close
 // written meanwhile would go out before the request, which the broker
-// takes for a method on a closing channel (FuzzBoundedCalls found it on a
-// loaded machine). So the stand-in writes only once the call has returned
-// (ended receives), which the shutdown of ch brings about at once after
-// the call's write: its reply wait ends with the channel. nil: the
-// request is on the wire already.
+// takes for a method on a closing channel. So the stand-in writes only
+// once the call has returned (ended receives), which the shutdown of ch
+// brings about at once after the call's write: its reply wait ends with
+// the channel. A nil ended: the request is on the wire already.
 func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	if stand := ch.takeOver(); stand != nil {
 		go func() {
@@ -226,6 +233,8 @@ func (ch *Channel) rpcTimedOut(res []message) error {
 	return &RPCError{Method: name, Channel: ch.id, Err: ErrRPCTimeout, Closed: true}
 }
 
+// standInForClose registers a stand-in for ch's id, or returns nil when ch
+// no longer holds it.
 func (ch *Channel) standInForClose() *Channel {
 	c := ch.connection
 	c.m.Lock()
@@ -392,6 +401,7 @@ func rpcTimer(timeout time.Duration, exempt bool) (<-chan time.Time, func() bool
 	return t.C, t.Stop
 }
 
+// noTimer is the stop func of a timer that was never started.
 func noTimer() bool { return false }
 
 // waitReply waits for the next message in rpc, or for errs, until ctx

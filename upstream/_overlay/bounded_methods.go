@@ -8,105 +8,84 @@ import (
 	"errors"
 )
 
-// The context variants of Channel's synchronous methods (bounded.go has
-// the mechanism). Each runs the upstream method of the same name, so it
-// records topology for recovery, validates its arguments and behaves in
-// every other way as that method does; only the wait is bounded by ctx.
-//
-// When ctx ends before the reply, the method returns an *RPCError for
-// which errors.Is(err, ctx.Err()) and errors.Is(err, ErrClosed) hold, and
-// the channel is closed: open a new one to go on. Whether the broker
-// carried out the request is then unknown, as with any request whose reply
-// was lost: a declaration may exist, a message taken by a GetWithContext
-// with autoAck may be gone. A ctx that has already ended returns an
-// *RPCError without sending anything, and the channel stays open. A
-// context.Background() (any ctx whose Done is nil) runs the upstream
-// method on the caller's goroutine, at exactly its cost.
+// The context variants of the synchronous methods (bounded.go has the
+// mechanism; RPCError says what a ctx that ends first brings about). Each
+// of Channel's, CloseWithContext aside, runs the upstream method of the
+// same name, so it records topology for recovery, validates its arguments
+// and behaves in every other way as that method does; only the wait is
+// bounded by ctx. A ctx whose Done is nil (context.Background()) runs the
+// upstream method on the caller's goroutine, at exactly its cost.
 
-// QosWithContext is Qos, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QosWithContext is Qos, bounded by ctx (see RPCError).
 func (ch *Channel) QosWithContext(ctx context.Context, prefetchCount, prefetchSize int, global bool) error {
 	return ch.bounded(ctx, "basic.qos", func() error { return ch.Qos(prefetchCount, prefetchSize, global) })
 }
 
-// CancelWithContext is Cancel, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// CancelWithContext is Cancel, bounded by ctx (see RPCError).
 func (ch *Channel) CancelWithContext(ctx context.Context, consumer string, noWait bool) error {
 	return ch.bounded(ctx, "basic.cancel", func() error { return ch.Cancel(consumer, noWait) })
 }
 
-// QueueDeclareWithContext is QueueDeclare, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QueueDeclareWithContext is QueueDeclare, bounded by ctx (see RPCError).
 func (ch *Channel) QueueDeclareWithContext(ctx context.Context, name string, durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
 	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) { return ch.QueueDeclare(name, durable, autoDelete, exclusive, noWait, args) })
 }
 
-// QueueDeclarePassiveWithContext is QueueDeclarePassive, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QueueDeclarePassiveWithContext is QueueDeclarePassive, bounded by ctx (see RPCError).
 func (ch *Channel) QueueDeclarePassiveWithContext(ctx context.Context, name string, durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
 	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) {
 		return ch.QueueDeclarePassive(name, durable, autoDelete, exclusive, noWait, args)
 	})
 }
 
-// QueueBindWithContext is QueueBind, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QueueBindWithContext is QueueBind, bounded by ctx (see RPCError).
 func (ch *Channel) QueueBindWithContext(ctx context.Context, name, key, exchange string, noWait bool, args Table) error {
 	return ch.bounded(ctx, "queue.bind", func() error { return ch.QueueBind(name, key, exchange, noWait, args) })
 }
 
-// QueueUnbindWithContext is QueueUnbind, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QueueUnbindWithContext is QueueUnbind, bounded by ctx (see RPCError).
 func (ch *Channel) QueueUnbindWithContext(ctx context.Context, name, key, exchange string, args Table) error {
 	return ch.bounded(ctx, "queue.unbind", func() error { return ch.QueueUnbind(name, key, exchange, args) })
 }
 
-// QueuePurgeWithContext is QueuePurge, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QueuePurgeWithContext is QueuePurge, bounded by ctx (see RPCError).
 func (ch *Channel) QueuePurgeWithContext(ctx context.Context, name string, noWait bool) (int, error) {
 	return boundedValue(ctx, ch, "queue.purge", func() (int, error) { return ch.QueuePurge(name, noWait) })
 }
 
-// QueueDeleteWithContext is QueueDelete, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// QueueDeleteWithContext is QueueDelete, bounded by ctx (see RPCError).
 func (ch *Channel) QueueDeleteWithContext(ctx context.Context, name string, ifUnused, ifEmpty, noWait bool) (int, error) {
 	return boundedValue(ctx, ch, "queue.delete", func() (int, error) { return ch.QueueDelete(name, ifUnused, ifEmpty, noWait) })
 }
 
-// ExchangeDeclareWithContext is ExchangeDeclare, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// ExchangeDeclareWithContext is ExchangeDeclare, bounded by ctx (see RPCError).
 func (ch *Channel) ExchangeDeclareWithContext(ctx context.Context, name, kind string, durable, autoDelete, internal, noWait bool, args Table) error {
 	return ch.bounded(ctx, "exchange.declare", func() error { return ch.ExchangeDeclare(name, kind, durable, autoDelete, internal, noWait, args) })
 }
 
-// ExchangeDeclarePassiveWithContext is ExchangeDeclarePassive, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// ExchangeDeclarePassiveWithContext is ExchangeDeclarePassive, bounded by ctx (see RPCError).
 func (ch *Channel) ExchangeDeclarePassiveWithContext(ctx context.Context, name, kind string, durable, autoDelete, internal, noWait bool, args Table) error {
 	return ch.bounded(ctx, "exchange.declare", func() error {
 		return ch.ExchangeDeclarePassive(name, kind, durable, autoDelete, internal, noWait, args)
 	})
 }
 
-// ExchangeDeleteWithContext is ExchangeDelete, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// ExchangeDeleteWithContext is ExchangeDelete, bounded by ctx (see RPCError).
 func (ch *Channel) ExchangeDeleteWithContext(ctx context.Context, name string, ifUnused, noWait bool) error {
 	return ch.bounded(ctx, "exchange.delete", func() error { return ch.ExchangeDelete(name, ifUnused, noWait) })
 }
 
-// ExchangeBindWithContext is ExchangeBind, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// ExchangeBindWithContext is ExchangeBind, bounded by ctx (see RPCError).
 func (ch *Channel) ExchangeBindWithContext(ctx context.Context, destination, key, source string, noWait bool, args Table) error {
 	return ch.bounded(ctx, "exchange.bind", func() error { return ch.ExchangeBind(destination, key, source, noWait, args) })
 }
 
-// ExchangeUnbindWithContext is ExchangeUnbind, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// ExchangeUnbindWithContext is ExchangeUnbind, bounded by ctx (see RPCError).
 func (ch *Channel) ExchangeUnbindWithContext(ctx context.Context, destination, key, source string, noWait bool, args Table) error {
 	return ch.bounded(ctx, "exchange.unbind", func() error { return ch.ExchangeUnbind(destination, key, source, noWait, args) })
 }
 
-// GetWithContext is Get, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// GetWithContext is Get, bounded by ctx (see RPCError).
 func (ch *Channel) GetWithContext(ctx context.Context, queue string, autoAck bool) (Delivery, bool, error) {
 	var r0 Delivery
 	var r1 bool
@@ -120,45 +99,38 @@ func (ch *Channel) GetWithContext(ctx context.Context, queue string, autoAck boo
 	return r0, r1, nil
 }
 
-// TxWithContext is Tx, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// TxWithContext is Tx, bounded by ctx (see RPCError).
 func (ch *Channel) TxWithContext(ctx context.Context) error {
 	return ch.bounded(ctx, "tx.select", func() error { return ch.Tx() })
 }
 
-// TxCommitWithContext is TxCommit, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// TxCommitWithContext is TxCommit, bounded by ctx (see RPCError).
 func (ch *Channel) TxCommitWithContext(ctx context.Context) error {
 	return ch.bounded(ctx, "tx.commit", func() error { return ch.TxCommit() })
 }
 
-// TxRollbackWithContext is TxRollback, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// TxRollbackWithContext is TxRollback, bounded by ctx (see RPCError).
 func (ch *Channel) TxRollbackWithContext(ctx context.Context) error {
 	return ch.bounded(ctx, "tx.rollback", func() error { return ch.TxRollback() })
 }
 
-// FlowWithContext is Flow, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// FlowWithContext is Flow, bounded by ctx (see RPCError).
 func (ch *Channel) FlowWithContext(ctx context.Context, active bool) error {
 	return ch.bounded(ctx, "channel.flow", func() error { return ch.Flow(active) })
 }
 
-// ConfirmWithContext is Confirm, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// ConfirmWithContext is Confirm, bounded by ctx (see RPCError).
 func (ch *Channel) ConfirmWithContext(ctx context.Context, noWait bool) error {
 	return ch.bounded(ctx, "confirm.select", func() error { return ch.Confirm(noWait) })
 }
 
-// RecoverWithContext is Recover, bounded by ctx: see the comment at the top
-// of this file for what happens when ctx ends first.
+// RecoverWithContext is Recover, bounded by ctx (see RPCError).
 func (ch *Channel) RecoverWithContext(ctx context.Context, requeue bool) error {
 	return ch.bounded(ctx, "basic.recover", func() error { return ch.Recover(requeue) })
 }
 
 // ConsumeWithRPCContext is Consume, with the basic.consume round trip
-// bounded by ctx: see the comment at the top of this file for what happens
-// when ctx ends first. Once it has returned, ctx has no further effect:
+// bounded by ctx (see RPCError). Once it has returned, ctx has no effect:
 // the consumer lives until it is cancelled or the channel closes.
 // Upstream's ConsumeWithContext is another thing: its ctx cancels the
 // consumer when it ends, and does not bound the round trip.
@@ -178,10 +150,10 @@ func (ch *Channel) ConsumeWithRPCContext(ctx context.Context, queue, consumer st
 // the application at once, whenever ctx ends: deliveries, listeners and
 // waiters are closed as Close closes them, and nothing more is sent on it.
 // It returns nil, or the error of the close handshake, once the broker has
-// answered channel.close; if ctx ends first, an *RPCError for which
-// errors.Is(err, ctx.Err()) holds, while the channel's id stays reserved
-// until the broker answers or the connection ends. As Close, it returns
-// nil for a channel that is already closed.
+// answered channel.close; if ctx ends first, an *RPCError (see RPCError),
+// while the channel's id stays reserved until the broker answers or the
+// connection ends. As Close, it returns nil for a channel that is already
+// closed.
 func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
@@ -217,11 +189,10 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 }
 
 // ChannelWithContext is Channel, with the channel.open round trip bounded
-// by ctx. If ctx ends first it returns an *RPCError for which
-// errors.Is(err, ctx.Err()) holds; the channel id it had taken stays
-// reserved until the broker has answered the open and the channel.close
-// that follows it, so a late channel.open-ok is never taken for another
-// channel's reply.
+// by ctx. If ctx ends first it returns an *RPCError (see RPCError); the
+// channel id it had taken stays reserved until the broker has answered the
+// open and the channel.close that follows it, so a late channel.open-ok is
+// never taken for another channel's reply.
 func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if ctx == nil {
 		return nil, errNilContext
@@ -276,7 +247,7 @@ func (ch *Channel) abandonOpen(sent <-chan error) {
 // connection-level request that gets no reply cannot be given up alone:
 // if ctx ends first, the connection is closed with an *Error saying why
 // (which starts automatic recovery where it is enabled), and it returns an
-// *RPCError for which errors.Is(err, ctx.Err()) holds.
+// *RPCError (see RPCError).
 func (c *Connection) UpdateSecretWithContext(ctx context.Context, newSecret, reason string) error {
 	const method = "connection.update-secret"
 	return runBounded(ctx, method, 0, func() error { return c.UpdateSecret(newSecret, reason) },
@@ -286,10 +257,9 @@ func (c *Connection) UpdateSecretWithContext(ctx context.Context, newSecret, rea
 // CloseWithContext is Close, bounded by ctx. If ctx ends before the
 // broker's close-ok (or before an in-flight recovery settles, which Close
 // waits for), the socket is closed, which ends the connection at once and
-// frees a publisher blocked in a write, and it returns an *RPCError for
-// which errors.Is(err, ctx.Err()) holds; the rest of the teardown finishes
-// on its own. A ctx that has already ended closes the socket without
-// waiting for the broker. Close's other guarantees hold: afterwards the
+// frees a publisher blocked in a write, and it returns an *RPCError (see
+// RPCError); the rest of the teardown finishes on its own. A ctx that has
+// already ended closes the socket without waiting for the broker. Close's other guarantees hold: afterwards the
 // connection, its channels, consumers and listeners are closed.
 func (c *Connection) CloseWithContext(ctx context.Context) error {
 	const method = "connection.close"

@@ -8,12 +8,16 @@ import (
 	"time"
 )
 
-// budget counts the bytes that the drainer has read from the socket and
-// that still wait for a user: frames queued for a channel's dispatcher and
-// notifications queued for a listener. When the count passes the high
-// mark, the drainer stops reading the socket, so TCP backpressure reaches
-// the broker instead of memory growing; it reads again once the count falls
-// under the low mark.
+// budget counts the bytes that a read path has read from the socket and
+// that still wait for a user. The drainer's counts frames queued for a
+// channel's dispatcher, notifications queued for a listener, deliveries
+// waiting for their consumer and the body of a message still being read
+// (pin);
+// when the count, pinned bytes aside, passes the high mark, the drainer
+// stops reading the socket, so TCP backpressure reaches the broker instead
+// of memory growing, and it reads again once the count falls to the low
+// mark. Legacy keeps one without a limit, for its consumers' deliveries
+// only, for Stats: its caller does the reading.
 type budget struct {
 	high, low int64
 
@@ -28,8 +32,10 @@ type budget struct {
 	pausedSince time.Time     // zero unless paused now
 }
 
+// newBudget returns a budget over which reading pauses, above high until low.
 func newBudget(high, low int64) *budget { return &budget{high: high, low: low} }
 
+// charge and release count n bytes queued for a user, and taken by one.
 func (b *budget) charge(n int64) {
 	b.mu.Lock()
 	b.used += n

@@ -16,17 +16,19 @@ import (
 type closeIntent struct {
 	mu       sync.Mutex
 	called   bool
-	calledC  chan struct{} // closed by Close: wakes DrainEvents callers
+	calledC  chan struct{} // closed by Close: wakes DrainEvents callers, refuses publishes and direct hand-overs
 	protocol bool          // the close that follows is the library's, after a protocol error
 	watchdog *time.Timer
 	closeBy  time.Time // when the watchdog fires
 }
 
+// newCloseIntent returns a closeIntent before any Close.
 func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct{})} }
 
 // begin runs in the closing hook. Unless the close is the library's own, it
-// marks the close intentional; either way it arms a watchdog that ends the
-// generation and closes the socket if the close takes longer than timeout.
+// marks the close intentional; either way, given the generation (end), it
+// arms a watchdog that ends it and closes conn if the close takes longer
+// than timeout.
 func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer) {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
@@ -74,6 +76,7 @@ func (ci *closeIntent) closeDeadline() (time.Time, bool) {
 	return ci.closeBy, !ci.closeBy.IsZero()
 }
 
+// isCalled reports whether the application has called Close.
 func (ci *closeIntent) isCalled() bool {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()

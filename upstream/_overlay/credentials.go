@@ -28,9 +28,9 @@ import (
 // clients keep a refreshed token. In upstream mode without either, logins
 // are upstream's.
 //
-// A login the broker refuses is reported, when either applies, as an
-// error naming the endpoint and the user, never the password, that wraps
-// upstream's ErrCredentials.
+// A login the broker refuses is reported as an error naming the endpoint
+// and the user, never the password, that wraps upstream's ErrCredentials:
+// every login with Config.Credentials, and recoveries' with safe recovery.
 
 // CredentialsFunc returns the Authentication of a login, as
 // Config.Credentials: a PlainAuth with the current password or token, for
@@ -44,7 +44,7 @@ type CredentialsFunc func(ctx context.Context) (Authentication, error)
 // attempt whose Config.Credentials returned an error (wrapped too) or no
 // Authentication, or did not return within the connection's timeout (the
 // URI's connection_timeout for a recovery, 30 s by default). Nothing was
-// sent to the broker but the protocol header, or not even that.
+// sent to the broker: the provider is asked before the protocol header.
 var ErrCredentialsProvider = errors.New("amqp: credentials provider failed")
 
 // credentialsFor asks provider for the Authentication of a login to

@@ -1,8 +1,11 @@
+// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
+// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+
 package amqp091
 
-// Endpoint lists (issue #13 §2): a connection that knows several URLs of
-// one cluster recovers onto the next of them rather than redialling the
-// URL it was first dialled with. The hooks in Reconnect
+// Endpoint lists: a connection that knows several URLs of one cluster
+// recovers onto the next of them rather than redialling the URL it was
+// first dialled with. The hooks in Reconnect
 // (0002-recovery-endpoints.patch) are recoveryEndpoint and
 // endpointCredentials; with Config.Endpoints nil both reduce to upstream's
 // statements.
@@ -69,16 +72,16 @@ var ErrNoEndpoints = errors.New("amqp091: an endpoint list needs at least one en
 // (Config.Recovery) is enabled, each attempt of Connection.Reconnect dials
 // the next endpoint of the list, with that endpoint's own TLS
 // configuration, instead of the URL the connection was dialled with. A
-// recovery starts a new pass (Reset), so with InOrder it tries the first
-// endpoint first, with RoundRobin the one after the endpoint used last,
-// and with Shuffle a fresh permutation; upstream's backoff between
-// attempts (ReconnectionConfig.RetryInterval plus up to 500 ms of jitter)
-// and its MaxRetryCount apply unchanged.
+// recovery starts a new pass (Reset, EndpointOrder); upstream's backoff
+// between attempts (ReconnectionConfig.RetryInterval plus up to 500 ms of
+// jitter) and its MaxRetryCount apply unchanged.
 //
 // Credentials: when the connection's SASL came from its URL (the caller
 // configured no Config.SASL, or exactly the URL's), a recovery
 // authenticates with the credentials of the URL of the endpoint it dials;
-// SASL the caller configured is restored as upstream restores it. The
+// SASL the caller configured is restored as upstream restores it. Either
+// gives way to Config.Credentials, and with safe recovery the secret of the
+// last UpdateSecret replaces the password (credentials.go). The
 // vhost, heartbeat and channel_max are the connection's Config, fixed at
 // the first dial, so every endpoint must name the same vhost.
 //
@@ -164,16 +167,15 @@ func (e *Endpoints) All() []Endpoint {
 // row return each of n endpoints once, and calls go on cycling for ever.
 func (e *Endpoints) Next() Endpoint { return e.next().Endpoint }
 
-// Reset ends the current pass: the next call to Next starts a new one
-// (InOrder: the first endpoint; RoundRobin: the one after the endpoint
-// returned last; Shuffle: a new permutation). Every recovery calls it
-// before its first attempt.
+// Reset ends the current pass: the next call to Next starts a new one.
+// Every recovery calls it before its first attempt.
 func (e *Endpoints) Reset() {
 	e.mu.Lock()
 	e.pos = len(e.eps)
 	e.mu.Unlock()
 }
 
+// next is Next, returning the parsed endpoint.
 func (e *Endpoints) next() *endpoint {
 	e.mu.Lock()
 	defer e.mu.Unlock()

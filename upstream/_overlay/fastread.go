@@ -21,13 +21,10 @@ import (
 //   - basic.deliver: its arguments are sliced out of the frame, and their
 //     strings come from a per-channel cache (the consumer tag, exchange and
 //     routing key repeat from one delivery to the next);
-//   - content headers: the properties are decoded with encoding/binary on
-//     the slice, strings from the same cache where values repeat, and the
-//     headers table, when present, with upstream's own readTable;
-//   - body frames: copied once, into the body of the message being
-//     assembled, which the header frame sized (never more than one frame
-//     ahead of the bytes received: a forged size allocates nothing by
-//     itself).
+//   - content headers: decoded on the slice, strings from the same cache
+//     where values repeat, the headers table with upstream's readTable;
+//   - body frames: copied once, into the body the header sized (a forged
+//     size allocates nothing by itself: see contentAsm.header).
 //
 // Everything else, and any frame the fast path finds malformed, goes to
 // upstream's reader (frameSplitter.parse), which then reports the error

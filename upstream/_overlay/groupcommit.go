@@ -11,10 +11,11 @@ import (
 
 // With CoalescePublishes (DrainerOptions, LegacyOptions), publishes of one
 // connection that arrive while another publish is being written go out
-// together, in the next write (issue #18): a group commit. It is an
-// option because it trades latency for system calls: a publisher that
-// joins a batch parks until the batch is written, where one that found
-// the write lock free would have written at once.
+// together, in the next write: a group commit. It is an option because it
+// trades latency for system calls: a publisher that joins a batch parks
+// until the batch is written, where one that found the write lock free
+// would have written at once.
+//
 // Upstream writes and flushes each publish on its own, one system call per
 // message however many goroutines publish at once. Here one publisher at a
 // time writes (the leader); publishers arriving meanwhile add their frames

@@ -45,15 +45,19 @@ type Observer struct {
 
 	// Confirmed runs for every publish the broker confirms, one call per
 	// delivery tag even when the broker acks several at once, in tag
-	// order, as the confirm arrives.
+	// order, as the confirm arrives. Only the fast path's publishes (see
+	// BeforePublish) are timed, and a confirm of several tags reports the
+	// timed ones only: a channel that also uses the older methods gets no
+	// report for those, nor for the timed tags before one of them.
 	Confirmed func(ConfirmInfo)
 
 	// Returned runs for every basic.return, as it arrives.
 	Returned func(*Return)
 
 	// Delivered runs for every delivery to a consumer (basic.deliver) as
-	// it is decoded, before it is queued for its consumer. Get's
-	// basic.get-ok is not reported.
+	// it is handed to its consumer, in order after its channel's earlier
+	// frames, before it waits for the application. Get's basic.get-ok is
+	// not reported.
 	Delivered func(*Delivery)
 
 	// Handled runs when a ConsumeFunc handler returns, with its error and
@@ -110,7 +114,7 @@ type ConfirmInfo struct {
 	Channel     uint16
 	DeliveryTag uint64
 	Ack         bool          // false: the broker nacked it
-	Latency     time.Duration // since the publish was written; 0 if unknown
+	Latency     time.Duration // since the publish's write began; 0 if unknown
 }
 
 // SettleKind says how the application settled a delivery.

@@ -9,8 +9,12 @@ import (
 	"time"
 )
 
-// Where the Observer (observe.go) is called from. Every hook starts with a
-// nil check, so without an Observer the fast paths are what they were.
+// The Observer's (observe.go) publish, confirm, RPC and connection hooks,
+// and the confirm clock. The others are called where their work is done:
+// Delivered in consumerbudget.go, Handled in pool.go, Settled through
+// iocount.go, SettleRefused in recoverytags.go, the budget's and
+// ListenerDropped in watch.go. Every call starts with a nil check, so
+// without an Observer the fast paths are what they were.
 
 // chanObs is one channel's confirm clock: when each unconfirmed publish
 // was sent, for ConfirmInfo.Latency. The read path keeps one per channel

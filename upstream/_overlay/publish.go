@@ -580,9 +580,9 @@ func appendField(b []byte, value any) (_ []byte, err error) {
 }
 
 // publishCtx and publishDeferredCtx are the hooks in PublishWithContext and
-// PublishWithDeferredConfirmWithContext, after their own ctx check: they
-// wait at the read path's gate, if there is one, then publish, through the
-// fast path of publish.go with a read path and as upstream without.
+// PublishWithDeferredConfirmWithContext, after their own ctx check: with a
+// read path they wait at its block gate, then publish through the fast
+// path; without one they publish as upstream.
 func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) error {
 	if err := ch.connection.publishWait(ctx); err != nil {
 		return err
@@ -604,7 +604,8 @@ func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string,
 	return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
 }
 
-// publishWait does nothing without a read path.
+// publishWait holds a publish while the broker blocks the connection
+// (blockgate.go); it does nothing without a read path.
 func (c *Connection) publishWait(ctx context.Context) error {
 	if c.rp == nil {
 		return nil

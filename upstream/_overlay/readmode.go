@@ -41,9 +41,10 @@ import (
 // AutoDrain). "legacy" is refused: see ErrInvalidReadMode.
 const ReadModeEnv = "AMQP091_READ_MODE"
 
-// ErrInvalidReadMode is wrapped by the error that every Open and Dial
-// returns while AMQP091_READ_MODE holds a value the process switch does
-// not accept: a typo, or "legacy", which would leave a program that never
+// ErrInvalidReadMode is wrapped by the error that Open and Dial return,
+// for a connection with no Config.ReadPath and no SetDefaultReadPath,
+// while AMQP091_READ_MODE holds a value the process switch does not
+// accept: a typo, or "legacy", which would leave a program that never
 // calls DrainEvents waiting forever for its deliveries and confirms. The
 // connection is never opened in some other mode instead.
 var ErrInvalidReadMode = errors.New("amqp: invalid read mode")
@@ -78,6 +79,7 @@ var defaultReadPathForced bool
 // AMQP091_READ_MODE) applies: the connection is upstream's, explicitly.
 func Upstream() ReadPath { return upstreamMode{} }
 
+// upstreamMode is Upstream's ReadPath: it attaches no read path.
 type upstreamMode struct{}
 
 func (upstreamMode) Mode() string                { return "upstream" }
@@ -134,6 +136,7 @@ type readPathSources struct {
 	env          func() (ReadPath, error) // AMQP091_READ_MODE
 }
 
+// resolve picks cfg's read path from s, in the order of precedence above.
 func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	switch {
 	case cfg != nil:
@@ -149,7 +152,8 @@ func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 
 // startAndOpen is Open's hook: it resolves the connection's read path,
 // starts the first generation's reader and runs upstream's handshake
-// (c.open). When the process default is invalid it opens nothing: it
+// (c.open), asking Config.Credentials first (credentials.go). When the
+// process default is invalid or the provider fails, it opens nothing: it
 // closes conn, as upstream's failed opens leave their socket closed, marks
 // the connection closed, and returns the error.
 func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error {

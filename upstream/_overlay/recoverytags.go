@@ -75,6 +75,7 @@ var ErrChannelRecovering error = &closedBecause{"amqp: channel is being recovere
 // find it) without repeating ErrClosed's text in its own.
 type closedBecause struct{ text string }
 
+// Error returns the text alone; Unwrap makes it ErrClosed.
 func (e *closedBecause) Error() string { return e.text }
 func (e *closedBecause) Unwrap() error { return ErrClosed }
 
@@ -163,8 +164,8 @@ func (ch *Channel) sendRecoverySafe(msg message) error {
 // recovery reopens ch. The channel is in StateReconnecting from before
 // the reset until channel.open, basic.qos and confirm.select are done;
 // recovery itself never publishes. It is only asked with unique tags
-// (safeRecovery): sendRecoverySafe, and publish.go's sendPublish (a read
-// path).
+// (safeRecovery): sendRecoverySafe, and publish.go's publishRefused (a
+// read path).
 func (ch *Channel) midRecovery() error {
 	if ch.connection.Config.Recovery == nil || ch.lifeCycle.State() != StateReconnecting {
 		return nil

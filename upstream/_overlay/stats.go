@@ -20,14 +20,12 @@ type Stats struct {
 	// it dispatches); the others stay 0.
 	BytesIn, BytesOut   uint64
 	FramesIn, FramesOut uint64
-	// Writes counts the writes of frames through the socket writer in
-	// the drainer and legacy modes (a write or writev system call each;
-	// the drainer writes its heartbeats past the writer, so they are not
-	// counted there, while legacy's go through it and are), and
-	// CoalescedPublishes the publishes that went
-	// out in the same write as another publisher's (the group commit:
-	// publishers that meet at the connection's write lock share one
-	// write). Upstream mode counts neither.
+	// Writes counts the writes (write or writev system calls) of the
+	// socket writer in the drainer and legacy modes: legacy's heartbeats
+	// go through it, the drainer's do not. CoalescedPublishes counts the
+	// publishes written by another publisher (CoalescePublishes: one that
+	// arrives during a write joins the next batch, which the batch's first
+	// publisher writes). Upstream mode counts neither.
 	Writes             uint64
 	CoalescedPublishes uint64
 

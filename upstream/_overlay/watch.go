@@ -22,7 +22,8 @@ import (
 // does, so it needs no goroutine or timer of its own:
 //
 //   - an outbox that queues an item checks its share of the budget (the
-//     depth warning), and a consumer buffer its own (consumerbudget.go);
+//     depth warning), and a consumer's inbox that queues a delivery checks
+//     its share and the age of its oldest (consumerbudget.go);
 //   - an outbox's hand-over goroutine, which retries a blocked listener
 //     every slice (at most 50 ms), checks the age of its head (the stall
 //     warning) and, with DropStalledListener, gives the listener up;
@@ -33,6 +34,8 @@ import (
 // one per WarnInterval, so a stall that lasts costs a line per interval,
 // not one per slice.
 
+// The defaults of DrainerOptions.StallWarning, DepthWarning (a fraction of
+// the budget) and WarnInterval.
 const (
 	defaultStallWarning = 5 * time.Second
 	defaultDepthWarning = 0.25
@@ -206,7 +209,7 @@ func (o *outbox) holds() outboxHead {
 	return o.headLocked(monoNow())
 }
 
-// headLocked is head, with o.mu held.
+// headLocked is holds at now, with o.mu held.
 func (o *outbox) headLocked(now int64) outboxHead {
 	h := outboxHead{items: o.notes, bytes: o.bytes}
 	if waiting := o.items.queued(); len(waiting) > 0 {
@@ -218,7 +221,8 @@ func (o *outbox) headLocked(now int64) outboxHead {
 
 // dropListener gives up on listener l of o's owner: it is closed and
 // unregistered (o.forget), and what is queued for it is skipped from now
-// on. It reports false if upstream has closed the listeners already.
+// on. It reports false, closing nothing, if upstream has closed the
+// listeners already, or l was dropped before or is no longer registered.
 func (o *outbox) dropListener(l any) bool {
 	o.lock.Lock()
 	defer o.lock.Unlock()
@@ -296,6 +300,7 @@ func itemCount(it outItem) int {
 	return 1
 }
 
+// count is how many notifications an item with several holds (itemCount).
 func (n *notes[T]) count() int   { return len(n.vs) }
 func (s *settlement) count() int { return len(s.dcs) }
 

@@ -21,9 +21,10 @@ import (
 type workQueue[T any] struct {
 	budget *budget
 	work   *workCount // if set, counts the queued items for a shutdown to wait on
-	// outer, when set, is the lock under which items are put; the
-	// goroutine takes it too when it finds the queue empty, so that the
-	// handler's retire runs with no put in flight.
+	// outer, when set, is taken (before mu) when the goroutine finds the
+	// queue empty, so that the handler's retire runs under it: a
+	// dispatcher's jobs are put under it, so none is in flight, and an
+	// outbox's retire reads the dispatcher's state, which it guards.
 	outer *sync.Mutex
 	// linger is how long the goroutine stays parked once the queue is
 	// empty (zero: it retires at once); ended, when set, returns a chan
@@ -106,8 +107,8 @@ func (q *workQueue[T]) loop(h workHandler[T]) {
 }
 
 // next returns the item at the front. When there is none it takes outer
-// (first, as the putters do), lets the handler retire, and reports whether
-// the goroutine parks (marked parked) rather than retires.
+// (before mu), lets the handler retire, and reports whether the goroutine
+// parks (marked parked) rather than retires.
 func (q *workQueue[T]) next(h workHandler[T]) (v T, ok, park bool) {
 	q.mu.Lock()
 	if len(q.items.queued()) == 0 && q.outer != nil {
@@ -200,8 +201,8 @@ func stopTimer(t *time.Timer) {
 // serialQueue runs jobs on a workQueue: a channel dispatcher's methods and
 // messages (drainer_dispatch.go), which park for dispatcherLinger after a
 // burst, since starting a goroutine per burst cost the drain workload
-// 7–13% of its CPU (newproc, issue #18); and the connection's channel-0
-// work, which retires at once.
+// 7–13% of its CPU (newproc); and the connection's channel-0 work
+// (conn0Work), which retires at once and is not counted in work.
 type serialQueue struct {
 	workQueue[queuedJob]
 	// retired runs under outer when the queue empties; it reports whether
@@ -215,7 +216,7 @@ type serialQueue struct {
 
 // queuedJob is a function to run, or what the queue's handleJob takes:
 // a method frame, a complete content message, or a delivery. The drainer
-// queues one job per method or complete message, and none needs a
+// queues one job per method or complete message, and those need no
 // closure.
 type queuedJob struct {
 	run  func()
@@ -225,7 +226,7 @@ type queuedJob struct {
 	cost int64
 }
 
-// push queues a job, starting the queue's goroutine if it is not running.
+// push queues run, charged cost, starting or waking the queue's goroutine.
 func (q *serialQueue) push(cost int64, run func()) {
 	q.pushJob(queuedJob{run: run, cost: cost})
 }
