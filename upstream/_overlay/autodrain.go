@@ -23,7 +23,7 @@ const autoDrainWait = 50 * time.Millisecond
 func (l *legacyConn) autoDrain(g *legacyGen) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), autoDrainWait)
-		err := l.drainGen(ctx, g)
+		err := l.drainOn(ctx, g)
 		cancel()
 		switch {
 		case err == nil, errors.Is(err, context.DeadlineExceeded):
@@ -43,7 +43,7 @@ func (l *legacyConn) autoDrain(g *legacyGen) {
 			}
 			return
 		default:
-			// Every other error of drainGen is the end of g: the
+			// Every other error of drainOn is the end of g: the
 			// connection failed, and recovery, if any, starts a new loop.
 			return
 		}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 )
 
 // Bounded calls.
@@ -390,19 +389,6 @@ func requestFor(res []message) string {
 	}
 	return "request"
 }
-
-// rpcTimer returns a chan that fires after timeout, or a nil chan when
-// timeout is 0 or exempt is true, and the func that stops its timer.
-func rpcTimer(timeout time.Duration, exempt bool) (<-chan time.Time, func() bool) {
-	if timeout <= 0 || exempt {
-		return nil, noTimer
-	}
-	t := time.NewTimer(timeout)
-	return t.C, t.Stop
-}
-
-// noTimer is the stop func of a timer that was never started.
-func noTimer() bool { return false }
 
 // waitReply waits for the next message in rpc, or for errs, until ctx
 // ends, where someone else reads the socket.

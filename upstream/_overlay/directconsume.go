@@ -5,7 +5,6 @@ package amqp091
 
 import (
 	"context"
-	"errors"
 )
 
 // ConsumeFunc without a buffer goroutine (issue #18).
@@ -133,7 +132,7 @@ type directConsumer struct {
 	box    *inbox
 	in     chan *Delivery  // nil once the consumer ended
 	done   <-chan struct{} // ctx.Done(), nil once seen (or if it has none)
-	legacy *legacyConn     // legacy mode, while this goroutine may read
+	legacy consumerReader  // legacy mode, while this goroutine may read
 
 	failed   error // the handler's error: the rest is requeued
 	ended    error // ctx's error once it ended
@@ -146,8 +145,8 @@ func (ch *Channel) consumeDirect(ctx context.Context, h directHandoff, dc *direc
 	acct := ch.consumers.acct
 	defer acct.endDirect(h)
 	dc.box, dc.in, dc.done = h.box, h.in, ctx.Done()
-	if l, ok := ch.connection.rp.(*legacyConn); ok {
-		dc.legacy = l
+	if rp := ch.connection.rp; rp != nil {
+		dc.legacy = rp.base().mode.consumerReader()
 	}
 	d := new(Delivery) // one for the whole consumption, as on the chan path
 	for {
@@ -170,7 +169,7 @@ func (ch *Channel) consumeDirect(ctx context.Context, h directHandoff, dc *direc
 			continue
 		}
 		if !dc.poll(ctx) {
-			dc.wait(ctx, dc.legacy.turn)
+			dc.wait(ctx, dc.legacy.readTurn())
 		}
 	}
 	switch {
@@ -272,44 +271,5 @@ func (dc *directConsumer) deliver(d, next *Delivery, closing bool) {
 func (dc *directConsumer) cancel() {
 	if err := dc.ch.Cancel(dc.tag, false); err != nil {
 		dc.dropping = true
-	}
-}
-
-// pumpFor is one turn of reading the socket for a ConsumeFunc that found
-// its inbox empty; the caller took the turn. It reads and dispatches
-// frames until one is complete, unless box received a delivery while the
-// turn was being taken. It returns nil when the caller should look at its
-// inbox again, and an error when it should stop reading: Close is pumping
-// for its close-ok, or the generation ended.
-func (l *legacyConn) pumpFor(ctx context.Context, box *inbox) error {
-	defer l.releaseTurn()
-	if l.isCalled() {
-		return ErrClosedIntentionally
-	}
-	select {
-	case <-box.wake:
-		// Handed over while the turn was being taken: put the token
-		// back, for the caller's next look.
-		select {
-		case box.wake <- struct{}{}:
-		default:
-		}
-		return nil
-	default:
-	}
-	g := l.current()
-	if g == nil {
-		return ErrClosed
-	}
-	if g.isDead() {
-		return l.waitErr(&g.genEnd)
-	}
-	l.consumerReads.Add(1) // before the read takes the transport lock
-	defer l.consumerReads.Add(-1)
-	switch err := l.pump(ctx, g); {
-	case err == nil, errors.Is(err, errInterrupted), ctx.Err() != nil:
-		return nil
-	default:
-		return err
 	}
 }

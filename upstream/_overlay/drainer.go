@@ -6,7 +6,6 @@ package amqp091
 import (
 	"bufio"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -27,7 +26,8 @@ import (
 //     the middle of a frame keeps the partial bytes.
 //  2. It never waits on user code or on a lock that anyone holds across a
 //     network write: channel frames go to a per-channel dispatcher
-//     goroutine (started on demand, gone when idle), notifications go to
+//     goroutine (started on demand, parked for a while when idle, then
+//     gone: drainer_dispatch.go), notifications go to
 //     the channel's outbox (outbox.go), which hands them to their
 //     listeners in the order the frames arrived, across listeners, as
 //     upstream's reader does, and replies that need a network write
@@ -47,10 +47,12 @@ import (
 //     DrainerOptions.CloseTimeout, the socket is closed, which also frees a
 //     publisher blocked in a write.
 //
-// What it shares with legacy mode (the generation's start and end, the
-// socket writer, the channel-frame path, the heartbeat arithmetic) is in
-// readconn.go; this file holds only what is the drainer's own: the loop,
-// its heartbeat duty, the budget's pause, and how waiters wait.
+// What it shares with legacy mode (the generation's lifecycle, the RPC
+// waits, channel 0's shared parts and the channel-frame router) is in
+// readgen.go, and the socket writer, the channel-frame decoding and the
+// heartbeat arithmetic in readconn.go. This file holds only what is the
+// drainer's own: the loop, its heartbeat duty, the budget's pause, and how
+// a waiter waits for its reply.
 
 // DrainerOptions tune the dedicated-drainer read mode. The zero value is
 // ready to use.
@@ -152,7 +154,8 @@ func (m drainerMode) attach(c *Connection) readPath {
 		budget:      newBudget(m.opts.Budget, m.opts.Budget/2),
 		dispatchers: map[*Channel]*chanDispatcher{},
 	}
-	d.init(c, "drainer", m.opts.Observer, d.budget)
+	d.init(c, d, "drainer", m.opts.Observer, d.budget)
+	d.rpcTimeout, d.closeTimeout = m.opts.RPCTimeout, m.opts.CloseTimeout
 	d.coalesce = m.opts.CoalescePublishes
 	d.watch = newWatcher(m.opts, d.budget)
 	d.buffers.watch = d.watch
@@ -163,17 +166,17 @@ func (m drainerMode) attach(c *Connection) readPath {
 // drainConn is the drainer read path of one Connection, across generations.
 type drainConn struct {
 	readBase
+	genSlot[drainGen, *drainGen]
 	opts   DrainerOptions
 	budget *budget
 	// connOut hands connection.blocked/unblocked over in order; jobs and
 	// work count what dispatchers and outboxes still have to do, which
-	// the end of the connection waits for (flush, replyBefore).
+	// the end of the connection waits for (flush, awaitReply).
 	connOut outbox
 	jobs    workCount // jobs queued for channel dispatchers
 	work    workCount // items queued in outboxes
 
-	mu          sync.Mutex
-	gen         *drainGen
+	mu          sync.Mutex // guards dispatchers and conn0; each dispatcher's outer lock
 	dispatchers map[*Channel]*chanDispatcher
 	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
 
@@ -184,6 +187,7 @@ type drainConn struct {
 // drainGen is one connection generation: one socket, one drainer goroutine.
 type drainGen struct {
 	readGen
+	d    *drainConn    // the read path, for routing (handOn, route0)
 	done chan struct{} // closed when the drainer goroutine has returned
 
 	interval  atomic.Int64  // heartbeat send interval in ns, 0 until tune (or none)
@@ -194,25 +198,16 @@ type drainGen struct {
 	activity activity // wakes DrainEvents after frames are dispatched
 }
 
-func (d *drainConn) current() *drainGen {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.gen
-}
-
 // start runs a new generation's drainer once the previous one has exited,
 // so that no two generations ever read one connection.
 func (d *drainConn) start(conn io.ReadWriteCloser) {
 	g := &drainGen{
 		readGen:   newReadGen(conn),
+		d:         d,
 		done:      make(chan struct{}),
 		beatReady: make(chan struct{}),
 	}
-	d.mu.Lock()
-	prev := d.gen
-	d.gen = g
-	d.blocks.unblock() // a new socket, which the broker has not blocked
-	d.mu.Unlock()
+	prev := d.replace(g)
 	// Every byte written is counted, so that the heartbeat knows whether
 	// anything else went out during an interval without taking the write
 	// lock.
@@ -264,7 +259,7 @@ func (g *drainGen) loop(d *drainConn) *Error {
 	var dutyAt time.Time
 
 	for {
-		if stop, err := d.routeBuffered(g, split, cr); stop {
+		if stop, err := d.routeFrames(g, cr, split, nil); stop {
 			return err
 		}
 		g.activity.wake()
@@ -287,10 +282,9 @@ func (g *drainGen) loop(d *drainConn) *Error {
 		if n > 0 {
 			lastRecv = time.Now()
 			if hb.interval > 0 && hb.piggyback(dutyAt, lastRecv) {
-				if err := g.beat(d, hb.interval); err != nil {
+				if err := g.duty(d, hb, lastRecv, &dutyAt); err != nil {
 					return err
 				}
-				dutyAt = lastRecv
 			}
 		}
 		switch {
@@ -301,10 +295,9 @@ func (g *drainGen) loop(d *drainConn) *Error {
 				return err
 			}
 			if hb.dutyDue(dutyAt, now) {
-				if err := g.beat(d, hb.interval); err != nil {
+				if err := g.duty(d, hb, now, &dutyAt); err != nil {
 					return err
 				}
-				dutyAt = now
 			}
 		case g.isDead():
 			return nil // closed on purpose: Close, a watchdog, or a write error
@@ -314,36 +307,27 @@ func (g *drainGen) loop(d *drainConn) *Error {
 	}
 }
 
-// routeBuffered routes every complete frame in split's buffer. It reports
-// stop when reading must end, with the error to fail the connection with,
-// if any (see loop).
-func (d *drainConn) routeBuffered(g *drainGen, split *frameSplitter, cr *contentReader) (stop bool, err *Error) {
-	for {
-		raw, err := split.next()
-		if err != nil {
-			return true, &Error{Code: FrameError, Reason: err.Error()}
-		}
-		if raw == nil {
-			return false, nil
-		}
-		if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
-			if err := d.routeChannel(g, split, cr, channel, raw); err != nil {
-				return true, err
-			}
-			continue
-		}
-		f, err := split.parse(raw)
-		if err != nil {
-			return true, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
-		}
-		// Counted before routing: a caller woken by this frame (a reply)
-		// must not take it for progress made after its DrainEvents began.
-		g.activity.frames.Add(1)
-		if stop, err := d.route(g, f); stop {
-			return true, err
-		}
+// duty does the heartbeat duty at now (beat), and records it in dutyAt
+// unless it failed.
+func (g *drainGen) duty(d *drainConn, hb heartbeatClock, now time.Time, dutyAt *time.Time) *Error {
+	if err := g.beat(d, hb.interval); err != nil {
+		return err
 	}
+	*dutyAt = now
+	return nil
 }
+
+// route0 routes a frame of channel 0 (route), counted first: a caller
+// woken by this frame (a reply) must not take it for progress made after
+// its DrainEvents began.
+func (g *drainGen) route0(f frame) (stop bool, err *Error) {
+	g.activity.frames.Add(1)
+	return g.d.route(g, f)
+}
+
+// endedInline is false: the drainer hands nothing on that ends the
+// generation on its goroutine (route stops after connection.close).
+func (g *drainGen) endedInline() bool { return false }
 
 // clock is the generation's heartbeat clock: a zero interval until tune
 // has set one.
@@ -425,84 +409,38 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) *Error {
 	}
 }
 
-// connWait waits for a channel-0 reply, or for the generation to end.
-// Channel-0 replies are queued by the drainer itself, in frame order, so
-// one that came before the end is in rpc by the time the end is seen.
-func (d *drainConn) connWait(_ chan *Error, rpc chan message, res []message) error {
+// awaitReply waits for a reply, a channel error, or the end of the
+// generation (readMode.awaitReply), then looks for a reply that arrived
+// before the error or end that woke it. Channel-0 replies are queued by the
+// drainer itself, in frame order, and a channel error comes through the
+// channel's own dispatcher, after any reply before it: either way such a
+// reply is in rpc already. The end of the connection is not: connection.close,
+// or a failed read, overtakes the frames that channel dispatchers have
+// still to run, so a channel's caller waits (CloseTimeout at most) for them
+// to have run; nothing new is read after the end.
+func (d *drainConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	g := d.current()
-	// Close's own wait is CloseTimeout's; closeStarted takes a lock, so
-	// only when there is a timeout to apply.
-	timeout, stop := rpcTimer(d.opts.RPCTimeout, d.opts.RPCTimeout > 0 && d.c.closeStarted())
-	defer stop()
-	select {
-	case m := <-rpc:
-		return matchReply(m, res)
-	case <-timeout:
-		select {
-		case m := <-rpc:
-			return matchReply(m, res)
-		default:
-		}
-		return d.c.connTimedOut(res)
-	case <-g.dead:
-		select {
-		case m := <-rpc:
-			return matchReply(m, res)
-		default:
-		}
-		return d.waitErr(&g.genEnd)
-	}
-}
-
-// chanWait waits for a channel reply, a channel error, or the end of the
-// generation. Every waiter released by a connection error gets that error,
-// unless its reply came before the end: upstream's reader hands a reply
-// over before it reads the next frame, so the caller gets the reply (see
-// replyBefore).
-func (d *drainConn) chanWait(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	g := d.current()
-	timeout, stop := rpcTimer(d.opts.RPCTimeout, false)
-	defer stop()
 	var err error
 	select {
 	case msg := <-rpc:
-		if msg == nil {
-			return ErrClosed
-		}
-		return matchReply(msg, res)
-	case <-timeout:
-		select {
-		case msg := <-rpc:
-			if msg == nil {
-				return ErrClosed
-			}
-			return matchReply(msg, res)
-		default:
-		}
-		return ch.rpcTimedOut(res)
+		return msg, nil
+	case <-ctx.Done():
+		err = ctx.Err()
 	case e, ok := <-errs:
-		switch {
-		case ok:
-			err = e
-		case g.isDead():
-			err = d.waitErr(&g.genEnd)
-		default:
-			err = ErrClosed
-		}
+		err = d.chanErr(&g.readGen, e, ok)
 	case <-g.dead:
 		err = d.waitErr(&g.genEnd)
 	}
-	if msg := d.replyBefore(g, rpc); msg != nil {
-		return matchReply(msg, res)
-	}
-	return err
-}
-
-// abandon fails the current generation with err, off the caller's
-// goroutine: the teardown waits for dispatchers (bounded.go).
-func (d *drainConn) abandon(err *Error) {
-	if g := d.current(); g != nil {
-		go d.fail(&g.readGen, err)
+	for wait := errs != nil && ctx.Err() == nil; ; wait = false {
+		select {
+		case msg := <-rpc:
+			return msg, nil
+		default:
+		}
+		if !wait || !g.isDead() {
+			return nil, err
+		}
+		d.jobs.waitIdle(time.Now().Add(d.opts.CloseTimeout))
 	}
 }
 
@@ -512,31 +450,6 @@ func (d *drainConn) standInSend(send func() error) error { return send() }
 // nextReply only waits: the drainer reads.
 func (d *drainConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	return waitReply(ctx, errs, rpc)
-}
-
-// replyBefore returns a reply that arrived before the error or end that
-// woke its caller, or nil. A channel error comes through the channel's own
-// dispatcher, after any reply before it, so such a reply is already in
-// rpc. The end of the connection does not: connection.close, or a failed
-// read, overtakes the frames that channel dispatchers have still to run,
-// so this waits (CloseTimeout at most) for them to have run; nothing new
-// is read after the end.
-func (d *drainConn) replyBefore(g *drainGen, rpc chan message) message {
-	select {
-	case msg := <-rpc:
-		return msg
-	default:
-	}
-	if !g.isDead() {
-		return nil
-	}
-	d.jobs.waitIdle(time.Now().Add(d.opts.CloseTimeout))
-	select {
-	case msg := <-rpc:
-		return msg
-	default:
-		return nil
-	}
 }
 
 // opened re-arms the read deadline that the end of the handshake cleared,
@@ -552,25 +465,8 @@ func (d *drainConn) opened() {
 	}
 }
 
-// closing wakes DrainEvents callers and arms the watchdog that bounds
-// Close.
-func (d *drainConn) closing() {
-	g := d.current()
-	d.begin(d.opts.CloseTimeout, &g.genEnd, g.conn)
-}
-
-// shutdown is endGen, which lets the notifications of frames read before
-// the end reach their listeners (flush) once the socket is closed.
-func (d *drainConn) shutdown(err *Error) {
-	var g *readGen
-	if cur := d.current(); cur != nil {
-		g = &cur.readGen
-	}
-	d.endGen(g, err, d.flush)
-}
-
-// flush lets the notifications of frames read before the end reach their
-// listeners before upstream's teardown sends NotifyClose and closes the
+// flush is shutdown's flush hook: it lets the notifications of frames read
+// before the end reach their listeners before upstream's teardown sends NotifyClose and closes the
 // listener chans, as upstream's reader would have handed them over before
 // it saw the end. It waits until the close's deadline (Close's, or
 // CloseTimeout from now after a failure); what is still queued then is
@@ -624,12 +520,5 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 	}
 }
 
-// connCall and chanCall wait for a reply (connWait, chanWait), reported to
-// the Observer (observedWait).
-func (d *drainConn) connCall(errs chan *Error, rpc chan message, res []message) error {
-	return observedWait(d.obs, 0, res, func() error { return d.connWait(errs, rpc, res) })
-}
-
-func (d *drainConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	return observedWait(d.obs, ch.id, res, func() error { return d.chanWait(ch, errs, rpc, res) })
-}
+// consumerReader is nil: the drainer reads for every ConsumeFunc.
+func (d *drainConn) consumerReader() consumerReader { return nil }

@@ -4,7 +4,6 @@
 package amqp091
 
 import (
-	"fmt"
 	"sync"
 	"time"
 )
@@ -16,13 +15,15 @@ import (
 // connection.close ends reading while a short-lived goroutine writes
 // close-ok and tears the connection down, which releases every waiter with
 // the broker's reason. Channel frames are queued, in order, for that
-// channel's dispatcher: a goroutine that exists only while the channel has
-// frames waiting. It dispatches each method and complete message (content
-// is assembled by the drainer). It may wait for the channel's lock or write
-// to the socket (close-ok, flow-ok, cancel-ok), which only ever delays that
-// one channel, never the drainer or another channel. Notifications go to
-// the channel's outbox (outbox.go), which hands them over in arrival order
-// and never drops one while its listener is open.
+// channel's dispatcher: a goroutine that runs while the channel has frames
+// waiting, then stays parked for the next ones for dispatcherLinger (less
+// if the channel closes or the generation ends), and is gone after that
+// with nothing queued. It dispatches each method and complete message
+// (content is assembled by the drainer). It may wait for the channel's
+// lock or write to the socket (close-ok, flow-ok, cancel-ok), which only
+// ever delays that one channel, never the drainer or another channel.
+// Notifications go to the channel's outbox (outbox.go), which hands them
+// over in arrival order and never drops one while its listener is open.
 
 // chanDispatcher is one channel's dispatcher: its queue, which runs the
 // channel's methods and complete messages in order, and its outbox, which
@@ -62,19 +63,14 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
 			c.shutdown(err)
 		})
 		return true, nil
-	case *connectionBlocked:
-		d.blocks.block()
-		d.notifyBlocks(Blocking{Active: true, Reason: m.Reason})
-	case *connectionUnblocked:
-		d.blocks.unblock()
-		d.notifyBlocks(Blocking{Active: false})
 	default:
-		select {
-		case g.rpc <- m:
-		default:
-			return true, &Error{Code: UnexpectedFrame, Reason: fmt.Sprintf(
-				"unexpected %T on channel 0: %d replies already wait for a caller", m, connRPCCap)}
+		if d.notifyBlocks(m) {
+			return false, nil
 		}
+		if err := g.replyOverflow(m); err != nil {
+			return true, err
+		}
+		g.rpc <- m
 	}
 	return false, nil
 }
@@ -120,14 +116,10 @@ func (d *drainConn) conn0Work(job func()) {
 	q.push(frameCost, job)
 }
 
-// routeChannel hands on one frame of channel id ≠ 0 (channelFrame):
-// methods and complete messages are queued for the channel's dispatcher.
-// It returns the error to fail the connection with, if any.
-func (d *drainConn) routeChannel(g *drainGen, split *frameSplitter, cr *contentReader, id uint16, raw []byte) *Error {
-	step, err := cr.channelFrame(d.c, split, id, raw)
-	if err != nil {
-		return err
-	}
+// handOn queues what one frame of a channel came to (routeChannel) for
+// the channel's dispatcher: methods and complete messages.
+func (g *drainGen) handOn(step chanStep) {
+	d := g.d
 	// Counted before routing: a caller woken by this frame (a reply) must
 	// not take it for progress made after its DrainEvents began.
 	g.activity.frames.Add(1)
@@ -144,7 +136,6 @@ func (d *drainConn) routeChannel(g *drainGen, split *frameSplitter, cr *contentR
 		_, body := step.msg.getContent()
 		d.dispatch(step.ch, queuedJob{msg: step.msg, cost: frameCost + int64(len(body))})
 	}
-	return nil
 }
 
 // dispatch queues a job for the channel's dispatcher.
@@ -247,13 +238,11 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 	d, ch, out := disp.d, disp.ch, &disp.out
 	switch m := msg.(type) {
 	case *basicAck:
-		ch.observeConfirm(m.DeliveryTag, m.Multiple, true)
 		if ch.confirming.Load() {
 			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: true}, m.Multiple)
 		}
 
 	case *basicNack:
-		ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
 		if ch.confirming.Load() {
 			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: false}, m.Multiple)
 		}
@@ -262,11 +251,7 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 		ch.notifyM.RLock()
 		ls := ch.returns
 		ch.notifyM.RUnlock()
-		r := newReturn(*m)
-		if d.obs != nil && d.obs.Returned != nil {
-			d.obs.Returned(r)
-		}
-		notifyAllInOrder(out, ls, returnCost, *r)
+		notifyAllInOrder(out, ls, returnCost, *newReturn(*m))
 
 	case *channelFlow:
 		ch.notifyM.RLock()
@@ -278,27 +263,7 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 		}
 
 	case *basicCancel:
-		queueName, _ := ch.consumers.queueForTag(m.ConsumerTag)
-		ch.notifyM.RLock()
-		ls := ch.cancels
-		ch.notifyM.RUnlock()
-		notifyAllInOrder(out, ls, stringCost, m.ConsumerTag)
-		// The deliveries chan closes only once NotifyCancel holds the tag,
-		// as upstream's order has it.
-		if in := ch.consumers.inbox(m.ConsumerTag); in != nil {
-			out.inOrder(func() { ch.consumers.cancelInbox(m.ConsumerTag, in) })
-		}
-		if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
-			// Serialised with publishes on this channel, as upstream.
-			ch.m.Lock()
-			if err := ch.send(&basicCancelOk{ConsumerTag: m.ConsumerTag}); err != nil {
-				Logger.Printf("error sending basicCancelOk, channel id: %d error: %+v", ch.id, err)
-			}
-			ch.m.Unlock()
-		}
-		if queueName != "" {
-			ch.connection.maybeDeleteRecordedAutoDeleteQueue(queueName)
-		}
+		disp.cancelled(m.ConsumerTag)
 
 	case *basicDeliver:
 		ch.consumers.deliver(m.ConsumerTag, newDelivery(ch, m))
@@ -311,6 +276,32 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 
 	default:
 		ch.dispatch(msg)
+	}
+}
+
+// cancelled is the broker's basic.cancel of tag: NotifyCancel hears of it,
+// then the consumer's deliveries chan closes, as upstream's order has it,
+// and cancel-ok goes out at once.
+func (disp *chanDispatcher) cancelled(tag string) {
+	ch, out := disp.ch, &disp.out
+	queueName, _ := ch.consumers.queueForTag(tag)
+	ch.notifyM.RLock()
+	ls := ch.cancels
+	ch.notifyM.RUnlock()
+	notifyAllInOrder(out, ls, stringCost, tag)
+	if in := ch.consumers.inbox(tag); in != nil {
+		out.inOrder(func() { ch.consumers.cancelInbox(tag, in) })
+	}
+	if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
+		// Serialised with publishes on this channel, as upstream.
+		ch.m.Lock()
+		if err := ch.send(&basicCancelOk{ConsumerTag: tag}); err != nil {
+			Logger.Printf("error sending basicCancelOk, channel id: %d error: %+v", ch.id, err)
+		}
+		ch.m.Unlock()
+	}
+	if queueName != "" {
+		ch.connection.maybeDeleteRecordedAutoDeleteQueue(queueName)
 	}
 }
 
@@ -346,6 +337,22 @@ func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multipl
 	default:
 		cf.deferredConfirmations.Confirm(conf)
 	}
+	ordered := sequence(ch, conf, multiple)
+	listeners := cf.listeners
+	cf.m.Unlock()
+
+	if settle != nil {
+		out.queue(settle)
+	}
+	notifyAllInOrder(out, listeners, confirmationCost, ordered...)
+}
+
+// sequence returns the confirmations that conf, a confirm of one tag or of
+// every tag up to it, releases to ch's listeners in delivery-tag order:
+// out-of-order acks are held back (sequencer) until the gap fills. The
+// caller holds ch.confirms.m.
+func sequence(ch *Channel, conf Confirmation, multiple bool) []Confirmation {
+	cf := ch.confirms
 	var ordered []Confirmation
 	next := func(c Confirmation) {
 		delete(cf.sequencer, cf.expecting)
@@ -379,22 +386,12 @@ func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multipl
 		next(held)
 	}
 	cf.publishedMut.Unlock()
-	listeners := cf.listeners
-	cf.m.Unlock()
-
-	if settle != nil {
-		out.queue(settle)
-	}
-	notifyAllInOrder(out, listeners, confirmationCost, ordered...)
+	return ordered
 }
 
-// notifyBlocks hands connection.blocked/unblocked to the NotifyBlocked
+// notifyBlocked hands connection.blocked/unblocked to the NotifyBlocked
 // listeners, in order, through the connection's outbox.
-func (d *drainConn) notifyBlocks(b Blocking) {
-	c := d.c
-	c.m.Lock()
-	ls := c.blocks
-	c.m.Unlock()
+func (d *drainConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	notifyAllInOrder(&d.connOut, ls, blockingCost, b)
 }
 

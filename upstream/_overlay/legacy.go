@@ -5,9 +5,7 @@ package amqp091
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"math"
 	"net"
@@ -46,10 +44,12 @@ import (
 //  8. A read error shuts the connection down; every waiter finds out on its
 //     next turn.
 //
-// What it shares with the drainer (the generation's start and end, the
-// socket writer, the channel-frame path, the heartbeat arithmetic) is in
-// readconn.go; this file holds only what is legacy's own: the turn, the
-// transport lock, and reading on the caller's goroutine.
+// What it shares with the drainer (the generation's lifecycle, the RPC
+// waits, channel 0's shared parts and the channel-frame router) is in
+// readgen.go, and the socket writer, the channel-frame decoding and the
+// heartbeat arithmetic in readconn.go. This file holds only what is
+// legacy's own: the turn, the transport lock, and reading on the caller's
+// goroutine.
 
 // LegacyOptions tune legacy mode. The zero value is ready to use.
 type LegacyOptions struct {
@@ -78,16 +78,8 @@ type LegacyOptions struct {
 
 	// CoalescePublishes lets publishes that arrive while another publish
 	// of the connection is being written go out together, in the next
-	// write (groupcommit.go). Each publish still returns once its own
-	// frames are written, with that write's error. It trades CPU and
-	// latency for system calls and fairness: a publisher that joins a
-	// batch parks until the batch is written. With 100 goroutines
-	// publishing on one connection (make bench's scenario 3, 2 shared
-	// vCPUs, one run) it wrote 0.66 system calls per message instead of
-	// 1.0 and brought the slowest publisher 12× closer to the fastest,
-	// but cost 1.4× the CPU per message, and at 10 publishers the publish
-	// call's P99 rose from 0.005 to 0.14 ms. Off by default; worth trying
-	// where a write costs more than a wake-up (TLS, a slow socket).
+	// write, as DrainerOptions.CoalescePublishes does (see there for what
+	// it costs and saves). Off by default.
 	CoalescePublishes bool
 
 	// Observer, if not nil, is called from the fast paths (observe.go).
@@ -125,7 +117,8 @@ func (m legacyMode) attach(c *Connection) readPath {
 	// Deliveries are counted for Stats, never paused on: in legacy mode
 	// the caller reads, and a caller that stops reading stops the reading
 	// anyway.
-	l.init(c, legacyModeName(m.opts), m.opts.Observer, newBudget(math.MaxInt64, math.MaxInt64))
+	l.init(c, l, legacyModeName(m.opts), m.opts.Observer, newBudget(math.MaxInt64, math.MaxInt64))
+	l.rpcTimeout, l.closeTimeout = m.opts.RPCTimeout, m.opts.CloseTimeout
 	l.coalesce = m.opts.CoalescePublishes
 	// A method value allocates, and every publish in confirm mode hands
 	// the pump out: made once.
@@ -136,6 +129,7 @@ func (m legacyMode) attach(c *Connection) readPath {
 // legacyConn is the legacy read path of one Connection.
 type legacyConn struct {
 	readBase
+	genSlot[legacyGen, *legacyGen]
 	opts LegacyOptions
 
 	// turn is held (a value sent into it) by the goroutine that reads and
@@ -156,15 +150,13 @@ type legacyConn struct {
 	// lock, which such a read lets go first (see transportGuard.lock).
 	consumerReads atomic.Int32
 	plainWriters  atomic.Int32
-
-	mu  sync.Mutex
-	gen *legacyGen
 }
 
 // legacyGen is one connection generation. Its reading state is owned by the
 // holder of the turn.
 type legacyGen struct {
 	readGen
+	l        *legacyConn // the read path, for dispatching (handOn, route0)
 	split    *frameSplitter
 	content  contentReader // the turn holder's content assembly
 	stateM   sync.Mutex    // guards interval to opened, never held across I/O
@@ -181,8 +173,6 @@ type legacyGen struct {
 	hookFirst bool
 }
 
-func (l *legacyConn) drainEvents(ctx context.Context) error { return l.drain(ctx) }
-
 // opened: from now on every read sets its own deadline (before, the dial's
 // handshake deadline stands). The end of the handshake has just cleared the
 // socket's deadlines, and a drain loop may be in a read whose deadline went
@@ -195,15 +185,7 @@ func (l *legacyConn) opened() {
 	g.opened = true
 	g.stateM.Unlock()
 	l.countOpened()
-	if nc, ok := g.conn.(net.Conn); ok {
-		_ = nc.SetReadDeadline(time.Now())
-	}
-}
-
-func (l *legacyConn) current() *legacyGen {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.gen
+	g.interrupt()
 }
 
 // handshakeTimeout is how long a generation's handshake may take: the
@@ -225,16 +207,14 @@ func (c *Connection) handshakeTimeout() time.Duration {
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	g := &legacyGen{
 		readGen:  newReadGen(conn),
+		l:        l,
 		split:    newFrameSplitter(&l.c.maxFrameSize),
 		lastSent: time.Now(),
 		started:  time.Now(),
 		deadline: l.c.handshakeTimeout(),
 	}
 	g.split.counts = &l.io
-	l.mu.Lock()
-	l.gen = g
-	l.blocks.unblock() // a new socket, which the broker has not blocked
-	l.mu.Unlock()
+	l.replace(g)
 	l.install(&g.readGen, &socketWriter{conn: conn, end: &g.genEnd, counts: &l.io,
 		sent: func(int64) {
 			g.stateM.Lock()
@@ -283,9 +263,7 @@ func (w transportGuard) lock() {
 		l.plainWriters.Add(-1)
 	}
 	l.writers.Add(1)
-	if nc, ok := w.g.conn.(net.Conn); ok {
-		_ = nc.SetReadDeadline(time.Now())
-	}
+	w.g.interrupt()
 	l.transport.Lock()
 	l.writers.Add(-1)
 }
@@ -306,19 +284,43 @@ func (l *legacyConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 // heartbeat due while waiting.
 var errInterrupted = errors.New("amqp: read interrupted")
 
+// readFailure is an error that ends the generation: pump, legacy's one
+// error exit, fails the connection with err.
+type readFailure struct{ err *Error }
+
+func (f readFailure) Error() string { return f.err.Error() }
+
+// frameFailure is the readFailure of a frame that could not be read.
+func frameFailure(err error) readFailure {
+	return readFailure{&Error{Code: FrameError, Reason: err.Error()}}
+}
+
 // pump reads until one complete frame is buffered, then dispatches every
 // complete frame. The caller holds the turn. It returns ctx.Err() if ctx
 // ends before a frame is complete, keeping what was read, and
-// errInterrupted when a stand-in cut its read short.
+// errInterrupted when a stand-in cut its read short. It is where a read or
+// a frame that ends the generation (readFailure) fails the connection.
 func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
+	err := l.pumpFrames(ctx, g)
+	if f, ok := err.(readFailure); ok {
+		l.fail(&g.readGen, f.err)
+		return l.waitErr(&g.genEnd)
+	}
+	return err
+}
+
+// pumpFrames is pump, with a failure returned as a readFailure.
+func (l *legacyConn) pumpFrames(ctx context.Context, g *legacyGen) error {
 	for {
 		raw, err := g.split.next()
 		if err != nil {
-			l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
-			return l.waitErr(&g.genEnd)
+			return frameFailure(err)
 		}
 		if raw != nil {
-			return l.dispatchBuffered(g, raw)
+			if _, err := l.routeFrames(g, &g.content, g.split, raw); err != nil {
+				return readFailure{err}
+			}
+			return nil
 		}
 		if g.isDead() {
 			return l.waitErr(&g.genEnd)
@@ -338,138 +340,62 @@ func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
 	}
 }
 
-// dispatchBuffered dispatches raw and every other complete frame buffered.
-func (l *legacyConn) dispatchBuffered(g *legacyGen, raw []byte) error {
-	for raw != nil {
-		if channel := binary.BigEndian.Uint16(raw[1:3]); channel != 0 {
-			if err := l.dispatchChannel(g, channel, raw); err != nil {
-				l.fail(&g.readGen, err)
-				return l.waitErr(&g.genEnd)
-			}
-			if g.isDead() {
-				return nil // teardown ran
-			}
-			var err error
-			if raw, err = g.split.next(); err != nil {
-				l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
-				return l.waitErr(&g.genEnd)
-			}
-			continue
-		}
-		f, err := g.split.parse(raw)
-		if err != nil {
-			l.fail(&g.readGen, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)})
-			return l.waitErr(&g.genEnd)
-		}
-		l.blocks.trackBlocks(f)
-		if err := l.replyOverflow(g, f); err != nil {
-			l.fail(&g.readGen, err)
-			return l.waitErr(&g.genEnd)
-		}
-		if !l.notifyBlocks(f) {
-			l.c.demux(f)
-		}
-		if g.isDead() {
-			return nil // the frame was connection.close, or teardown ran
-		}
-		if raw, err = g.split.next(); err != nil {
-			l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
-			return l.waitErr(&g.genEnd)
-		}
-	}
-	return nil
-}
-
-// dispatchChannel is upstream's dispatchN for one frame of channel id ≠ 0,
-// with content assembled by the fast path (fastread.go) instead of the
-// channel's state machine, which then only ever sees methods that start no
-// content, and so stays in its recvMethod state. A complete message is
-// dispatched as upstream's state machine would dispatch it.
-func (l *legacyConn) dispatchChannel(g *legacyGen, id uint16, raw []byte) *Error {
-	step, err := g.content.channelFrame(l.c, g.split, id, raw)
-	if err != nil {
-		return err
-	}
-	ch := step.ch
+// handOn is upstream's dispatchN for what one frame of a channel came to
+// (routeChannel): content was assembled by the fast path (fastread.go)
+// instead of the channel's state machine, which then only ever sees
+// methods that start no content, and so stays in its recvMethod state. A
+// complete message is dispatched as upstream's state machine would
+// dispatch it.
+func (g *legacyGen) handOn(step chanStep) {
 	switch {
 	case step.closed != nil:
-		l.c.dispatchClosed(step.closed)
+		g.l.c.dispatchClosed(step.closed)
 	case step.method != nil:
-		switch m := step.method.Method.(type) {
-		case *basicAck:
-			ch.observeConfirm(m.DeliveryTag, m.Multiple, true)
-		case *basicNack:
-			ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
-		}
-		ch.recv(ch, step.method)
+		step.ch.recv(step.ch, step.method)
 	case step.del != nil:
-		ch.consumers.deliver(step.del.ConsumerTag, step.del)
+		step.ch.consumers.deliver(step.del.ConsumerTag, step.del)
 	case step.msg != nil:
-		if r, ok := step.msg.(*basicReturn); ok && l.obs != nil && l.obs.Returned != nil {
-			l.obs.Returned(newReturn(*r))
+		step.ch.dispatch(step.msg)
+	}
+}
+
+// route0 is upstream's dispatch0 for f, a frame of channel 0, except for
+// connection.blocked and unblocked (notifyBlocks) and a reply that would
+// find connRPCCap replies waiting (replyOverflow): dispatch0 would wait
+// for a caller to take one, but the turn holder may be that very caller,
+// and no other caller can pump meanwhile.
+func (g *legacyGen) route0(f frame) (stop bool, err *Error) {
+	if mf, ok := f.(*methodFrame); ok {
+		if g.l.notifyBlocks(mf.Method) {
+			return false, nil
 		}
-		ch.dispatch(step.msg)
+		if _, closing := mf.Method.(*connectionClose); !closing {
+			if err := g.replyOverflow(mf.Method); err != nil {
+				return true, err
+			}
+		}
 	}
-	return nil
+	g.l.c.demux(f)
+	return false, nil
 }
 
-// replyOverflow returns the error to fail the connection with when f is a
-// method on channel 0 that upstream's dispatch0 would hand to a caller as a
-// reply (any method but connection.close, blocked and unblocked) and
-// connRPCCap replies already wait. dispatch0 would wait for a caller to
-// take one, but in legacy mode the goroutine dispatching holds the read
-// turn, so it may be the very caller that would take it, and no other
-// caller can pump meanwhile: DrainEvents and Close would hang. Drainer
-// mode fails the connection the same way. Only the turn holder sends on
-// g.rpc, so a free slot seen here is still free for dispatch0.
-func (l *legacyConn) replyOverflow(g *legacyGen, f frame) *Error {
-	mf, ok := f.(*methodFrame)
-	if !ok || f.channel() != 0 {
-		return nil
-	}
-	switch mf.Method.(type) {
-	case *connectionClose, *connectionBlocked, *connectionUnblocked:
-		return nil
-	}
-	if len(g.rpc) < cap(g.rpc) {
-		return nil
-	}
-	return &Error{Code: UnexpectedFrame, Reason: fmt.Sprintf(
-		"unexpected %T on channel 0: %d replies already wait for a caller", mf.Method, connRPCCap)}
-}
+// endedInline: connection.close, or a teardown, runs on the turn holder.
+func (g *legacyGen) endedInline() bool { return g.isDead() }
 
-// notifyBlocks hands connection.blocked and connection.unblocked to the
-// NotifyBlocked listeners in place of upstream's dispatch0, and reports
-// whether f was one of them. dispatch0 sends to the listeners holding no
-// lock, so a shutdown on another goroutine (Close, or a write that failed)
-// can close a listener under the send, which panics the process. Holding
-// notifyM for reading keeps shutdown from closing the listeners until the
-// send is done, and noNotify, set under notifyM, says they are gone. c.m
-// is taken before notifyM, in shutdown's order.
-func (l *legacyConn) notifyBlocks(f frame) bool {
-	mf, ok := f.(*methodFrame)
-	if !ok || mf.ChannelId != 0 {
-		return false
-	}
-	var b Blocking
-	switch m := mf.Method.(type) {
-	case *connectionBlocked:
-		b = Blocking{Active: true, Reason: m.Reason}
-	case *connectionUnblocked:
-		b = Blocking{Active: false}
-	default:
-		return false
-	}
+// notifyBlocked hands connection.blocked or unblocked to the NotifyBlocked
+// listeners ls in place of upstream's dispatch0, which sends to them
+// holding no lock, so that a shutdown on another goroutine (Close, or a
+// write that failed) can close a listener under the send, which panics
+// the process. Holding notifyM for reading keeps shutdown from closing the
+// listeners until the send is done, and noNotify, set under notifyM, says
+// they are gone. notifyBlocks took c.m before, in shutdown's order.
+func (l *legacyConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	c := l.c
-	c.m.Lock()
-	blocks := c.blocks
-	c.m.Unlock()
 	c.notifyM.RLock()
 	defer c.notifyM.RUnlock()
 	if !c.noNotify {
-		notifyAll(blocks, b)
+		notifyAll(ls, b)
 	}
-	return true
 }
 
 // readOnce reads once under the transport lock, with a deadline that
@@ -477,12 +403,6 @@ func (l *legacyConn) notifyBlocks(f frame) bool {
 // falls due while the application is calling in. It returns errInterrupted
 // when the read ended early for a reason that only asks for another try.
 func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
-	nc, isNet := g.conn.(net.Conn)
-	var stop func() bool
-	// The transport lock is held across the read only where a deadline
-	// can end it: a transport without deadlines (io.Pipe in tests) would
-	// otherwise block every writer until the peer speaks, and the peer may
-	// be waiting for one of those writes.
 	g.stateM.Lock()
 	interval, lastSent, opened := g.interval, g.lastSent, g.opened
 	if time.Since(g.readEnd) > interval {
@@ -492,58 +412,71 @@ func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
 		g.lastRecv = time.Now()
 	}
 	g.stateM.Unlock()
-	if isNet {
-		l.transport.Lock()
-		if l.writers.Load() > 0 || (l.consumerReads.Load() > 0 && l.plainWriters.Load() > 0) {
-			// A writer waits (for a ConsumeFunc's read, even in plain
-			// legacy mode: transportGuard.lock): let it go first.
-			l.transport.Unlock()
-			runtime.Gosched()
-			return errInterrupted
-		}
-		deadline, hasDeadline := ctx.Deadline()
-		if interval > 0 {
-			if beat := lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
-				deadline, hasDeadline = beat, true
-			}
-		}
-		if !hasDeadline && !opened {
-			// During the handshake, stand in for the dial's handshake
-			// deadline, which an earlier, shorter read may have replaced.
-			deadline = g.started.Add(g.deadline)
-		}
-		hooked := ctx.Done() == nil // nothing to hook: no cancellation
-		if !hooked && !g.hookFirst && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {
-			// Most reads under load end within cancelHookDelay, and
-			// hooking ctx costs allocations per read (context.AfterFunc):
-			// read without the hook first, bounded by the delay.
-			l.setReadDeadline(ctx, nc, time.Now().Add(cancelHookDelay))
-			n, err := g.split.fill(g.conn)
-			if n > 0 || !errors.Is(err, errDeadline) || ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
-				l.transport.Unlock()
-				return l.readDone(ctx, g, interval, n, err)
-			}
-			// Frames come slower than the delay (an idle connection, a
-			// trickle): trying first would cost a wake-up per read.
-			g.hookFirst = true
-		}
-		if !hooked {
-			// Cancellation without a deadline interrupts the read too.
-			stop = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
-		}
-		l.setReadDeadline(ctx, nc, deadline) // zero: no deadline
+	// The transport lock is held across the read only where a deadline
+	// can end it: a transport without deadlines (io.Pipe in tests) would
+	// otherwise block every writer until the peer speaks, and the peer may
+	// be waiting for one of those writes.
+	nc, isNet := g.conn.(net.Conn)
+	if !isNet {
+		n, err := g.split.fill(g.conn)
+		return l.readDone(ctx, g, interval, n, err)
 	}
+	deadline, hasDeadline := ctx.Deadline()
+	if interval > 0 {
+		if beat := lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
+			deadline, hasDeadline = beat, true
+		}
+	}
+	if !hasDeadline && !opened {
+		// During the handshake, stand in for the dial's handshake
+		// deadline, which an earlier, shorter read may have replaced.
+		deadline = g.started.Add(g.deadline)
+	}
+	return l.readNet(ctx, g, nc, interval, deadline)
+}
+
+// readNet is readOnce on a socket with read deadlines, which it reads
+// until deadline (zero: none) or until ctx ends, holding the transport
+// lock.
+func (l *legacyConn) readNet(ctx context.Context, g *legacyGen, nc net.Conn, interval time.Duration, deadline time.Time) error {
+	l.transport.Lock()
+	if l.writers.Load() > 0 || (l.consumerReads.Load() > 0 && l.plainWriters.Load() > 0) {
+		// A writer waits (for a ConsumeFunc's read, even in plain
+		// legacy mode: transportGuard.lock): let it go first.
+		l.transport.Unlock()
+		runtime.Gosched()
+		return errInterrupted
+	}
+	hooked := ctx.Done() == nil // nothing to hook: no cancellation
+	if !hooked && !g.hookFirst && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {
+		// Most reads under load end within cancelHookDelay, and
+		// hooking ctx costs allocations per read (context.AfterFunc):
+		// read without the hook first, bounded by the delay.
+		l.setReadDeadline(ctx, nc, time.Now().Add(cancelHookDelay))
+		n, err := g.split.fill(g.conn)
+		if n > 0 || !errors.Is(err, errDeadline) || ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
+			l.transport.Unlock()
+			return l.readDone(ctx, g, interval, n, err)
+		}
+		// Frames come slower than the delay (an idle connection, a
+		// trickle): trying first would cost a wake-up per read.
+		g.hookFirst = true
+	}
+	var stop func() bool
+	if !hooked {
+		// Cancellation without a deadline interrupts the read too.
+		stop = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
+	}
+	l.setReadDeadline(ctx, nc, deadline) // zero: no deadline
 	var begin time.Time
 	if g.hookFirst {
 		begin = time.Now() // only to see whether frames come fast again
 	}
 	n, err := g.split.fill(g.conn)
-	if isNet {
-		if g.hookFirst && n > 0 && time.Since(begin) < cancelHookDelay {
-			g.hookFirst = false
-		}
-		l.transport.Unlock()
+	if g.hookFirst && n > 0 && time.Since(begin) < cancelHookDelay {
+		g.hookFirst = false
 	}
+	l.transport.Unlock()
 	if stop != nil {
 		stop()
 	}
@@ -570,7 +503,9 @@ func (l *legacyConn) setReadDeadline(ctx context.Context, nc net.Conn, deadline 
 	}
 }
 
-// readDone records a read's end and turns its error into readOnce's.
+// readDone records a read's end and turns its error into readOnce's: a
+// readFailure when the read failed or the broker is silent past its
+// heartbeats.
 func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.Duration, n int, err error) error {
 	g.stateM.Lock()
 	g.readEnd = time.Now()
@@ -584,8 +519,7 @@ func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.D
 	case g.isDead():
 		return l.waitErr(&g.genEnd)
 	case !errors.Is(err, errDeadline):
-		l.fail(&g.readGen, &Error{Code: FrameError, Reason: err.Error()})
-		return l.waitErr(&g.genEnd)
+		return frameFailure(err)
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case l.isCalled() && !isCloser(ctx):
@@ -601,8 +535,7 @@ func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.D
 		g.stateM.Unlock()
 		now := time.Now()
 		if err := hb.timeout(lastRecv, now); err != nil {
-			l.fail(&g.readGen, err)
-			return l.waitErr(&g.genEnd)
+			return readFailure{err}
 		}
 		if hb.sendDue(lastSent, now) {
 			_ = l.c.send(&heartbeatFrame{})
@@ -619,18 +552,18 @@ func isCloser(ctx context.Context) bool { return ctx.Value(closerKey{}) != nil }
 
 func (l *legacyConn) releaseTurn() { <-l.turn }
 
-// drain is DrainEvents in legacy mode.
-func (l *legacyConn) drain(ctx context.Context) error {
+// drainEvents is DrainEvents in legacy mode.
+func (l *legacyConn) drainEvents(ctx context.Context) error {
 	g := l.current()
 	if g == nil {
 		return ErrClosed
 	}
-	return l.drainGen(ctx, g)
+	return l.drainOn(ctx, g)
 }
 
-// drainGen is drain on generation g, which the auto-drain loop of g keeps
-// to, so that it never reads a later generation's socket.
-func (l *legacyConn) drainGen(ctx context.Context, g *legacyGen) error {
+// drainOn is drainEvents on generation g, which the auto-drain loop of g
+// keeps to, so that it never reads a later generation's socket.
+func (l *legacyConn) drainOn(ctx context.Context, g *legacyGen) error {
 	for {
 		select {
 		case <-l.calledC:
@@ -667,139 +600,93 @@ func (l *legacyConn) drainGen(ctx context.Context, g *legacyGen) error {
 // caller's: upstream's reader hands it over before it reads the frame
 // that ends the channel or the connection, so the caller gets the reply.
 // Here the turn holder dispatches both in one go, and a select between
-// them picks at random, so the reply is looked for first.
-func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
-	m, err := l.awaitTurns(ctx, g, rpc, errs, done)
-	if err != nil {
-		select {
-		case m := <-rpc:
-			return m, nil
-		default:
+// them picks at random, so await looks for the reply once more before it
+// returns an error.
+func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (m message, err error) {
+	defer func() {
+		if err != nil {
+			select {
+			case reply := <-rpc:
+				m, err = reply, nil
+			default:
+			}
 		}
-	}
-	return m, err
-}
-
-func (l *legacyConn) awaitTurns(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
+	}()
 	for {
 		select {
 		case m := <-rpc:
 			return m, nil
 		case e, ok := <-errs:
-			return nil, l.chanErr(g, e, ok)
+			return nil, l.chanErr(&g.readGen, e, ok)
 		case <-done:
 			return nil, nil
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case l.turn <- struct{}{}:
 		}
-		// With the turn: the outcome may have come in just before, and
-		// select picks the turn at random when both are ready. Missing a
-		// channel error here would read on, holding the transport lock
-		// until the next frame or heartbeat deadline, while the channel's
-		// recovery waits to write.
-		select {
-		case m := <-rpc:
+		if m, over, err := l.settled(g, rpc, errs, done); over {
 			l.releaseTurn()
-			return m, nil
-		case e, ok := <-errs:
-			l.releaseTurn()
-			return nil, l.chanErr(g, e, ok)
-		case <-done:
-			l.releaseTurn()
-			return nil, nil
-		default:
-		}
-		if g.isDead() {
-			l.releaseTurn()
-			return nil, l.waitErr(&g.genEnd)
+			return m, err
 		}
 		err := l.pump(ctx, g)
 		l.releaseTurn()
 		switch {
 		case err == nil, errors.Is(err, errInterrupted):
 		case errors.Is(err, ErrClosedIntentionally):
-			// Close is pumping for its close-ok: leave the reading to it
-			// and wait for what it dispatches, or for the end.
-			select {
-			case m := <-rpc:
-				return m, nil
-			case e, ok := <-errs:
-				if ok || g.isDead() {
-					return nil, l.chanErr(g, e, ok)
-				}
-				// The channel closed under a live generation: the
-				// application's Close is under way. (waitErr reads why
-				// the generation ended, which only its end makes safe.)
-				return nil, ErrClosedIntentionally
-			case <-done:
-				return nil, nil
-			case <-g.dead:
-				return nil, l.waitErr(&g.genEnd)
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			}
+			return l.awaitCloser(ctx, g, rpc, errs, done)
 		default:
 			return nil, err
 		}
 	}
 }
 
-// chanErr is what a caller waiting on a channel's errors returns: the
-// channel's error, or, once the channel is gone, why.
-func (l *legacyConn) chanErr(g *legacyGen, e *Error, ok bool) error {
-	if ok {
-		return e
+// settled looks, with the turn, for an outcome that came in just before
+// it: select picks the turn at random when both are ready. Missing a
+// channel error here would read on, holding the transport lock until the
+// next frame or heartbeat deadline, while the channel's recovery waits to
+// write. over reports an outcome, m and err are the wait's.
+func (l *legacyConn) settled(g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (m message, over bool, err error) {
+	select {
+	case m := <-rpc:
+		return m, true, nil
+	case e, ok := <-errs:
+		return nil, true, l.chanErr(&g.readGen, e, ok)
+	case <-done:
+		return nil, true, nil
+	default:
 	}
 	if g.isDead() {
-		return l.waitErr(&g.genEnd)
+		return nil, true, l.waitErr(&g.genEnd)
 	}
-	return ErrClosed
+	return nil, false, nil
 }
 
-func (l *legacyConn) connWait(_ chan *Error, rpc chan message, res []message) error {
-	g := l.current()
-	ctx := context.Background()
-	if l.isCalled() {
-		ctx = context.WithValue(ctx, closerKey{}, true)
-	}
-	ctx, cancel := l.rpcContext(ctx, l.opts.RPCTimeout > 0 && l.c.closeStarted())
-	defer cancel()
-	m, err := l.await(ctx, g, rpc, nil, nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return l.c.connTimedOut(res)
+// awaitCloser waits while Close pumps for its close-ok: it leaves the
+// reading to Close and waits for what Close dispatches, or for the end.
+func (l *legacyConn) awaitCloser(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
+	select {
+	case m := <-rpc:
+		return m, nil
+	case e, ok := <-errs:
+		if ok || g.isDead() {
+			return nil, l.chanErr(&g.readGen, e, ok)
 		}
-		return err
+		// The channel closed under a live generation: the
+		// application's Close is under way. (waitErr reads why the
+		// generation ended, which only its end makes safe.)
+		return nil, ErrClosedIntentionally
+	case <-done:
+		return nil, nil
+	case <-g.dead:
+		return nil, l.waitErr(&g.genEnd)
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	return matchReply(m, res)
 }
 
-func (l *legacyConn) chanWait(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	g := l.current()
-	ctx, cancel := l.rpcContext(context.Background(), false)
-	defer cancel()
-	m, err := l.await(ctx, g, rpc, errs, nil)
-	if err != nil {
-		if ctx.Err() != nil {
-			return ch.rpcTimedOut(res)
-		}
-		return err
-	}
-	if m == nil {
-		return ErrClosed
-	}
-	return matchReply(m, res)
-}
-
-// rpcContext bounds a reply's wait by RPCTimeout, unless there is none or
-// exempt is true. The caller pumps under it, so its end also cuts a read
-// short.
-func (l *legacyConn) rpcContext(ctx context.Context, exempt bool) (context.Context, context.CancelFunc) {
-	if l.opts.RPCTimeout <= 0 || exempt {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, l.opts.RPCTimeout)
+// awaitReply pumps for the reply (readMode.awaitReply).
+func (l *legacyConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
+	return l.await(ctx, l.current(), rpc, errs, nil)
 }
 
 // standInSend writes a stand-in's channel.close as AutoDrain writes: it
@@ -817,9 +704,7 @@ func (l *legacyConn) standInSend(send func() error) error {
 	defer l.urgent.Add(-1)
 	defer l.writers.Add(-1)
 	if g := l.current(); g != nil {
-		if nc, ok := g.conn.(net.Conn); ok {
-			_ = nc.SetReadDeadline(time.Now())
-		}
+		g.interrupt()
 	}
 	return send()
 }
@@ -833,44 +718,70 @@ func (l *legacyConn) nextReply(ctx context.Context, errs chan *Error, rpc chan m
 	return m, err
 }
 
-// abandon fails the current generation with err, off the caller's
-// goroutine (bounded.go).
-func (l *legacyConn) abandon(err *Error) {
-	if g := l.current(); g != nil {
-		go l.fail(&g.readGen, err)
+// consumerReader is l: a ConsumeFunc with nothing queued reads the socket
+// itself (pumpFor).
+func (l *legacyConn) consumerReader() consumerReader { return l }
+
+// readTurn is the read turn, for a ConsumeFunc to take.
+func (l *legacyConn) readTurn() chan struct{} { return l.turn }
+
+// pumpFor is one turn of reading the socket for a ConsumeFunc that found
+// its inbox empty; the caller took the turn. It reads and dispatches
+// frames until one is complete, unless box received a delivery while the
+// turn was being taken. It returns nil when the caller should look at its
+// inbox again, and an error when it should stop reading: Close is pumping
+// for its close-ok, or the generation ended.
+func (l *legacyConn) pumpFor(ctx context.Context, box *inbox) error {
+	defer l.releaseTurn()
+	if l.isCalled() {
+		return ErrClosedIntentionally
+	}
+	select {
+	case <-box.wake:
+		// Handed over while the turn was being taken: put the token
+		// back, for the caller's next look.
+		select {
+		case box.wake <- struct{}{}:
+		default:
+		}
+		return nil
+	default:
+	}
+	g := l.current()
+	if g == nil {
+		return ErrClosed
+	}
+	if g.isDead() {
+		return l.waitErr(&g.genEnd)
+	}
+	l.consumerReads.Add(1) // before the read takes the transport lock
+	defer l.consumerReads.Add(-1)
+	switch err := l.pump(ctx, g); {
+	case err == nil, errors.Is(err, errInterrupted), ctx.Err() != nil:
+		return nil
+	default:
+		return err
 	}
 }
 
 // waitConfirm pumps until a DeferredConfirmation is settled.
 func (l *legacyConn) waitConfirm(ctx context.Context, done <-chan struct{}) error {
-	g := l.current()
-	_, err := l.await(ctx, g, nil, nil, done)
+	_, err := l.await(ctx, l.current(), nil, nil, done)
 	return err
 }
 
-// closing interrupts a blocked reader so that Close can pump for close-ok,
-// wakes DrainEvents callers, and arms the watchdog that bounds Close.
+// closing is readBase.closing, then it interrupts a blocked reader so that
+// Close can pump for close-ok.
 func (l *legacyConn) closing() {
-	g := l.current()
-	if g == nil {
-		l.begin(l.opts.CloseTimeout, nil, nil)
-		return
-	}
-	l.begin(l.opts.CloseTimeout, &g.genEnd, g.conn)
-	if nc, ok := g.conn.(net.Conn); ok {
-		_ = nc.SetReadDeadline(time.Now())
+	l.readBase.closing()
+	if g := l.current(); g != nil {
+		g.interrupt()
 	}
 }
 
-// shutdown is endGen: legacy mode hands notifications over inline, so
-// nothing waits to be flushed.
-func (l *legacyConn) shutdown(err *Error) {
-	var g *readGen
-	if cur := l.current(); cur != nil {
-		g = &cur.readGen
-	}
-	l.endGen(g, err, nil)
-}
+// flush does nothing: legacy mode hands notifications over inline, so
+// nothing waits to be flushed at shutdown.
+func (l *legacyConn) flush() {}
 
 // stats is Stats in legacy mode: the counters and the consumer buffers;
 // notifications are handed over inline, as upstream does, so none wait.
@@ -879,14 +790,4 @@ func (l *legacyConn) stats(s *Stats, now time.Time) {
 	s.Budget = l.deliveries.snapshot(now)
 	s.Budget.Limit = 0
 	s.Consumers = l.buffers.fill(s.Consumers, monoNow())
-}
-
-// connCall and chanCall wait for a reply (connWait, chanWait), reported to
-// the Observer (observedWait).
-func (l *legacyConn) connCall(errs chan *Error, rpc chan message, res []message) error {
-	return observedWait(l.obs, 0, res, func() error { return l.connWait(errs, rpc, res) })
-}
-
-func (l *legacyConn) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	return observedWait(l.obs, ch.id, res, func() error { return l.chanWait(ch, errs, rpc, res) })
 }

@@ -20,9 +20,11 @@ import (
 // reads the socket its own way (a goroutine of the connection's, or
 // whoever calls in), and this file holds everything else they do alike:
 // the state a read path fixes when it is attached (readBase), a connection
-// generation (readGen), how a generation starts and ends, the socket
-// writer, the channel-frame path from raw bytes to what a channel's
-// dispatch takes, and the heartbeat clock.
+// generation (readGen), how a generation is installed and how it fails,
+// the socket writer, the channel-frame path from raw bytes to what a
+// channel's dispatch takes, and the heartbeat clock. The rest of a
+// generation's life (which one is current, its abandon and shutdown, the
+// RPC waits, channel 0, the channel-frame router) is readgen.go's.
 
 // ErrClosedIntentionally is returned to goroutines that were waiting on a
 // connection (an RPC, DrainEvents) when the application closed it with
@@ -67,9 +69,12 @@ var errDeadline = os.ErrDeadlineExceeded
 // keep alike. The seam's hooks read its fields directly (readPath.base):
 // none changes after attach, except through its own methods.
 type readBase struct {
-	c      *Connection
-	name   string // the ReadMode
-	rpcCap int    // the capacity of each channel's rpc chan (upstream: 0)
+	c            *Connection
+	mode         readMode      // what the mode does its own way (readgen.go)
+	name         string        // the ReadMode
+	rpcCap       int           // the capacity of each channel's rpc chan (upstream: 0)
+	rpcTimeout   time.Duration // the options' RPCTimeout
+	closeTimeout time.Duration // the options' CloseTimeout
 
 	// deliveries is the budget that consumer buffers count against: the
 	// drainer's, or one legacy counts on and never pauses for.
@@ -92,8 +97,8 @@ type readBase struct {
 }
 
 // init fixes the parts of a read path being attached to c.
-func (b *readBase) init(c *Connection, name string, obs *Observer, deliveries *budget) {
-	b.c, b.name, b.rpcCap = c, name, chanRPCCap
+func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer, deliveries *budget) {
+	b.c, b.mode, b.name, b.rpcCap = c, mode, name, chanRPCCap
 	b.deliveries = deliveries
 	b.closeIntent = newCloseIntent()
 	b.obs = obs
@@ -167,10 +172,22 @@ func newReadGen(conn io.ReadWriteCloser) readGen {
 	return readGen{conn: conn, rpc: make(chan message, connRPCCap), genEnd: newGenEnd()}
 }
 
+// interrupt cuts short a read of the generation's socket in progress, if
+// the socket has read deadlines. Legacy mode uses it: each of its reads
+// sets its own deadline first, so a read that starts later is not
+// affected.
+func (g *readGen) interrupt() {
+	if nc, ok := g.conn.(net.Conn); ok {
+		_ = nc.SetReadDeadline(time.Now())
+	}
+}
+
 // install makes g the connection's generation for writers and channel-0
 // callers: w becomes the socket writer behind c.writer and the publish
-// fast path, and g.rpc the chan of connection-level replies.
+// fast path, and g.rpc the chan of connection-level replies. The new
+// socket is one the broker has not blocked.
 func (b *readBase) install(g *readGen, w *socketWriter) {
+	b.blocks.unblock()
 	c := b.c
 	c.sendM.Lock()
 	b.io.restart()
@@ -193,30 +210,6 @@ func (b *readBase) fail(g *readGen, err *Error) {
 	}
 	_ = g.conn.Close()
 	b.c.shutdown(err)
-}
-
-// endGen is the read path's shutdown hook, the first thing Connection.shutdown
-// does, for generation g (nil before
-// the first): it records why, releases every waiter, and closes the socket
-// before upstream takes any lock, so that a publisher blocked in a write
-// (holding ch.m and sendM) is freed and the teardown that follows cannot
-// deadlock on it. flush, if not nil, runs after the socket is closed and
-// before the Observer hears of the end.
-func (b *readBase) endGen(g *readGen, err *Error, flush func()) {
-	b.blocks.unblock() // held publishes go on, and fail as upstream's
-	if err == nil {
-		b.stopWatchdog()
-	}
-	if g == nil {
-		return
-	}
-	b.c.closed.Store(true) // as upstream's first statement, before waiters wake
-	g.setDead(err)
-	_ = g.conn.Close()
-	if flush != nil {
-		flush()
-	}
-	observeEnd(b.obs, b.name, &g.genEnd, err)
 }
 
 // countOpened counts a generation whose handshake completed, for the Observer.

@@ -17,10 +17,10 @@ import (
 // Upstream amqp091-go gives every connection generation one reader goroutine
 // (Connection.reader) and one heartbeater goroutine, and makes RPC callers
 // wait on unbuffered chans that the reader feeds. A read path replaces that
-// arrangement for one Connection. The seam is the small set of hooks that the
-// patch upstream/patches/0001-read-path-seam.patch adds to connection.go and
-// channel.go; each hook is a nil check, so a Connection without a read path
-// runs upstream's statements unchanged:
+// arrangement for one Connection (Config.ReadPath, kept in Connection.rp).
+// The seam is the set of hooks that upstream/patches/0001-read-path-seam.patch
+// adds; each is a nil check, or a call that runs upstream's statement when
+// the Connection has no read path:
 //
 //  1. Open calls startAndOpen (readmode.go), which chooses the read path
 //     and calls startReader, where upstream runs `go c.reader` and then
@@ -30,17 +30,23 @@ import (
 //     request has been sent; Channel.call hands the whole call to
 //     callThrough, which sends and waits with chanCall.
 //  4. newChannel and Channel.resetState size each channel's rpc chan with
-//     rpcCap, so a read path can hand replies over without blocking, and
-//     newChannel ties the consumer buffers to the read path's budget
-//     (consumerbudget.go).
-//  5. DeferredConfirmation.Wait and WaitContext call the read path's
-//     confirm pump, if it has one, so they can read frames themselves.
-//  6. openComplete calls opened after it has cleared the socket's
+//     rpcCap; newChannel builds its consumers with makeConsumers, and
+//     consumers.add runs each buffer with bufferFor, which tie buffered
+//     deliveries to the read path's budget (consumerbudget.go).
+//  5. PublishWithDeferredConfirm gives each DeferredConfirmation the read
+//     path's confirm pump (its pump field), which Wait and WaitContext call
+//     through pumpUntilDone, so they can read frames themselves.
+//  6. PublishWithContext and PublishWithDeferredConfirmWithContext publish
+//     through publishCtx and publishDeferredCtx (publish.go): with a read
+//     path they wait, honouring ctx, while the broker blocks the connection
+//     (blockgate.go) and take the publish fast path; without one they call
+//     upstream's Publish and PublishWithDeferredConfirm.
+//  7. openComplete calls opened after it has cleared the socket's
 //     deadlines at the end of the handshake.
-//  7. beginClose calls closing once a close has been initiated, before it
+//  8. beginClose calls closing once a close has been initiated, before it
 //     waits for an in-flight Reconnect.
-//  8. shutdown calls the read path's shutdown first, before it takes any lock.
-//  9. upstream's reader signals Connection.dispatched after each frame, so
+//  9. shutdown calls the read path's shutdown first, before it takes any lock.
+// 10. upstream's reader signals Connection.dispatched after each frame, so
 //     DrainEvents works in upstream mode too.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames.
@@ -64,8 +70,8 @@ type readPath interface {
 	// base is what the read path fixed when it was attached, and what the
 	// hooks read of it: its mode, the capacity of the channels' rpc
 	// chans, the budget that buffered deliveries count against, the
-	// confirm pump, the publish gate and socket writer, the Observer, and
-	// where consumer buffers register (readconn.go).
+	// confirm pump, the publish gate and socket writer, the Observer,
+	// where consumer buffers register, and the mode's own parts (readconn.go).
 	base() *readBase
 
 	// start takes over reading conn, the socket of a new connection
