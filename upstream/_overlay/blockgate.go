@@ -64,17 +64,3 @@ func (b *blockGate) wait(ctx context.Context) error {
 		return fmt.Errorf("amqp: publish held while the broker blocks the connection (connection.blocked): %w", ctx.Err())
 	}
 }
-
-// trackBlocks updates b from a frame the read path is about to dispatch.
-func (b *blockGate) trackBlocks(f frame) {
-	mf, ok := f.(*methodFrame)
-	if !ok || mf.ChannelId != 0 {
-		return
-	}
-	switch mf.Method.(type) {
-	case *connectionBlocked:
-		b.block()
-	case *connectionUnblocked:
-		b.unblock()
-	}
-}

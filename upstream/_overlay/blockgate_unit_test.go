@@ -156,36 +156,6 @@ func TestUnitBlockGateReblock(t *testing.T) {
 	})
 }
 
-// TestUnitBlockGateTrackBlocks pins which frames move the gate: only
-// connection.blocked and connection.unblocked on channel 0; the same
-// methods on another channel, other methods and other frames do not.
-func TestUnitBlockGateTrackBlocks(t *testing.T) {
-	var g blockGate
-	blocked := func() bool { return g.blocked.Load() != nil }
-	for _, f := range []frame{
-		&methodFrame{ChannelId: 1, Method: &connectionBlocked{Reason: "memory"}},
-		&methodFrame{ChannelId: 0, Method: &connectionCloseOk{}},
-		&heartbeatFrame{},
-	} {
-		g.trackBlocks(f)
-		if blocked() {
-			t.Fatalf("%#v blocked the gate", f)
-		}
-	}
-	g.trackBlocks(&methodFrame{ChannelId: 0, Method: &connectionBlocked{Reason: "memory"}})
-	if !blocked() {
-		t.Fatal("connection.blocked on channel 0 did not block the gate")
-	}
-	g.trackBlocks(&methodFrame{ChannelId: 2, Method: &connectionUnblocked{}})
-	if !blocked() {
-		t.Fatal("connection.unblocked on channel 2 unblocked the gate")
-	}
-	g.trackBlocks(&methodFrame{ChannelId: 0, Method: &connectionUnblocked{}})
-	if blocked() {
-		t.Fatal("connection.unblocked on channel 0 did not unblock the gate")
-	}
-}
-
 // TestUnitBlockGateConcurrent runs blocks, unblocks and waits side by side
 // under the race detector: every wait returns, by its deadline at the
 // latest, either nil or its ctx's error, and the last unblock leaves the
