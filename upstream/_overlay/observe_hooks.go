@@ -16,11 +16,11 @@ import (
 // ListenerDropped in watch.go. Every call starts with a nil check, so
 // without an Observer the fast paths are what they were.
 
-// chanObs is one channel's confirm clock: when each unconfirmed publish
-// was sent, for ConfirmInfo.Latency. The read path keeps one per channel
-// id (clockSet) while its Observer has a Confirmed hook; the Channel holds
-// no state of its own, so upstream's Channel is unchanged.
-type chanObs struct {
+// confirmClock is when each unconfirmed publish of one channel was sent,
+// for ConfirmInfo.Latency. The read path keeps one per channel id
+// (confirmClocks) while its Observer has a Confirmed hook; the Channel
+// holds no state of its own, so upstream's Channel is unchanged.
+type confirmClock struct {
 	obs *Observer
 
 	mu   sync.Mutex
@@ -29,17 +29,17 @@ type chanObs struct {
 	head int
 }
 
-// clockSet holds a connection's confirm clocks by channel id. A channel id
-// that is reused starts its tags at 1 again, which restarts its clock
-// (sending).
-type clockSet struct {
+// confirmClocks holds a connection's confirm clocks by channel id. A
+// channel id that is reused starts its tags at 1 again, which restarts its
+// clock (sending).
+type confirmClocks struct {
 	mu sync.Mutex
-	m  map[uint16]*chanObs
+	m  map[uint16]*confirmClock
 }
 
 // clock returns channel id's clock, made on first use, or nil when obs
 // has no Confirmed hook.
-func (s *clockSet) clock(obs *Observer, id uint16) *chanObs {
+func (s *confirmClocks) clock(obs *Observer, id uint16) *confirmClock {
 	if obs == nil || obs.Confirmed == nil {
 		return nil
 	}
@@ -48,9 +48,9 @@ func (s *clockSet) clock(obs *Observer, id uint16) *chanObs {
 	o := s.m[id]
 	if o == nil {
 		if s.m == nil {
-			s.m = map[uint16]*chanObs{}
+			s.m = map[uint16]*confirmClock{}
 		}
-		o = &chanObs{obs: obs}
+		o = &confirmClock{obs: obs}
 		s.m[id] = o
 	}
 	return o
@@ -66,18 +66,18 @@ func (c *Connection) obsOf() *Observer {
 
 // clockOf is the confirm clock of channel ch, or nil when nobody asks for
 // confirm latencies.
-func (ch *Channel) clockOf() *chanObs {
+func (ch *Channel) clockOf() *confirmClock {
 	c := ch.connection
 	if c == nil || c.rp == nil {
 		return nil
 	}
-	return c.rp.base().confirmClock(ch.id)
+	return c.rp.base().clockOf(ch.id)
 }
 
 // sending records that tag is about to be written. Tags grow by one per
 // publish; a tag that does not follow the last one (the channel was
 // reopened by recovery, whose tags start again at 1) starts afresh.
-func (o *chanObs) sending(tag uint64) {
+func (o *confirmClock) sending(tag uint64) {
 	now := monoNow()
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -93,7 +93,7 @@ func (o *chanObs) sending(tag uint64) {
 }
 
 // unsent forgets tag, the last one recorded, whose write failed.
-func (o *chanObs) unsent(tag uint64) {
+func (o *confirmClock) unsent(tag uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if n := len(o.sent) - o.head; n > 0 && tag == o.base+uint64(n-1) {
@@ -103,7 +103,7 @@ func (o *chanObs) unsent(tag uint64) {
 
 // confirmed reports the broker's ack or nack of tag (and of every earlier
 // tag, if multiple), one Confirmed call per tag, in tag order.
-func (o *chanObs) confirmed(channel uint16, tag uint64, multiple, ack bool) {
+func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool) {
 	f := o.obs.Confirmed
 	now := monoNow()
 	o.mu.Lock()
@@ -150,7 +150,7 @@ func (o *chanObs) confirmed(channel uint16, tag uint64, multiple, ack bool) {
 // without touching the caller's Publishing.
 func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string, mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
 	info := PublishInfo{Channel: ch.id, Exchange: exchange, RoutingKey: key, Mandatory: mandatory, BodySize: len(msg.Body)}
-	var clock *chanObs
+	var clock *confirmClock
 	if o.Confirmed != nil {
 		clock = ch.clockOf()
 	}

@@ -93,7 +93,7 @@ func (ch *Channel) publishFast(ctx context.Context, exchange, key string, mandat
 
 // publishFrames encodes and writes the publish, recording its delivery
 // tag's send time in clock if there is one.
-func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool, msg *Publishing, clock *chanObs) (*DeferredConfirmation, error) {
+func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool, msg *Publishing, clock *confirmClock) (*DeferredConfirmation, error) {
 	if err := msg.Headers.Validate(); err != nil {
 		return nil, err
 	}

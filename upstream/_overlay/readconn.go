@@ -89,11 +89,11 @@ type readBase struct {
 	group       writeGroup // publishes written together (groupcommit.go)
 	coalesce    bool       // the options' CoalescePublishes
 
-	io      ioCounters   // bytes and frames, for Stats
-	buffers bufferSet    // consumer buffers, for Stats
-	clocks  clockSet     // confirm clocks, for ConfirmInfo.Latency
-	obs     *Observer    // the options' Observer
-	gens    atomic.Int32 // generations opened, for ConnectionRecovered
+	io      ioCounters    // bytes and frames, for Stats
+	buffers bufferSet     // consumer buffers, for Stats
+	clocks  confirmClocks // confirm clocks, for ConfirmInfo.Latency
+	obs     *Observer     // the options' Observer
+	gens    atomic.Int32  // generations opened, for ConnectionRecovered
 }
 
 // init fixes the parts of a read path being attached to c.
@@ -110,9 +110,9 @@ func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer
 // base gives the seam the read path's fixed parts (readPath.base).
 func (b *readBase) base() *readBase { return b }
 
-// confirmClock is channel id's confirm clock, or nil unless the Observer
-// has a Confirmed hook.
-func (b *readBase) confirmClock(id uint16) *chanObs { return b.clocks.clock(b.obs, id) }
+// clockOf is channel id's confirm clock, or nil unless the Observer has
+// a Confirmed hook.
+func (b *readBase) clockOf(id uint16) *confirmClock { return b.clocks.clock(b.obs, id) }
 
 // genEnd is how one connection generation ends, for the read modes: a chan
 // closed exactly once, which releases every waiter together, and why.
