@@ -9,15 +9,16 @@ import (
 )
 
 // budget counts the bytes that a read path has read from the socket and
-// that still wait for a user. The drainer's counts frames queued for a
-// channel's dispatcher, notifications queued for a listener, deliveries
-// waiting for their consumer and the body of a message still being read
-// (pin);
-// when the count, pinned bytes aside, passes the high mark, the drainer
-// stops reading the socket, so TCP backpressure reaches the broker instead
-// of memory growing, and it reads again once the count falls to the low
-// mark. Legacy keeps one without a limit, for its consumers' deliveries
-// only, for Stats: its caller does the reading.
+// that still wait for a user: in the drainer, frames queued for a
+// channel's dispatcher, the body read so far of a message still being
+// read (pinned), notifications queued for a listener, and deliveries
+// waiting in a consumer's inbox (inbox.go) until its consumer loop hands
+// them over or drops them. When the count passes the high
+// mark, the drainer stops reading the socket, so TCP backpressure reaches
+// the broker instead of memory growing; it reads again once the count falls
+// under the low mark. Legacy mode keeps one for its consumers' deliveries
+// only, with marks it never reaches (math.MaxInt64): it never pauses its
+// reads for it, and Stats reports it.
 type budget struct {
 	high, low int64
 

@@ -10,13 +10,15 @@ import (
 )
 
 // Deliveries wait in a per-consumer buffer until the application receives
-// them from its Consume chan. Upstream's buffer has no bound. A read path
-// with a memory budget counts each buffered delivery against it from the
-// moment it is dispatched until the application takes it (or the consumer
-// goes away), so that a consumer that stops reading makes the read path
-// stop reading the socket instead of growing the heap. Each buffer also
-// keeps its depth, bytes and the age of its oldest delivery where Stats
-// can read them.
+// them from its Consume chan, or ConsumeFunc hands them to its handler.
+// Upstream's buffer has no bound. A read path (both keep a budget; legacy
+// mode's never pauses its reads) counts each delivery it queues in a
+// consumer's inbox (inbox.go) against its budget from the moment it is
+// dispatched until the consumer loop (consumeloop.go) hands it over or
+// drops it, so that a consumer that stops reading makes the drainer stop
+// reading the socket instead of growing the heap. Each buffer also keeps
+// its depth, bytes and the age of its oldest delivery where Stats can
+// read them.
 
 // deliveryAcct is a channel's tie to its read path's accounting.
 type deliveryAcct struct {
@@ -24,7 +26,7 @@ type deliveryAcct struct {
 	buffers *bufferSet
 	channel uint16
 	obs     *Observer
-	closing <-chan struct{} // closed when Close begins (closedrop.go)
+	closing <-chan struct{} // closed when Close begins (consumeloop.go)
 	inboxes inboxes         // each consumer's queue of deliveries (inbox.go)
 }
 
@@ -43,82 +45,6 @@ func (c *Connection) makeConsumers(id uint16) *consumers {
 // deliveryCost is what a buffered delivery is charged.
 func deliveryCost(d *Delivery) int64 { return frameCost + int64(len(d.Body)) }
 
-// bufferFor runs the buffer between the dispatcher and the application's
-// chan: upstream's, or the budgeted one.
-func (subs *consumers) bufferFor(tag string, in chan *Delivery, out chan Delivery) {
-	if subs.acct == nil {
-		subs.buffer(in, out)
-		return
-	}
-	if ready := subs.acct.takeDirect(tag); ready != nil {
-		subs.handOver(ready, tag, in, out) // a ConsumeFunc serves it (directconsume.go)
-		return
-	}
-	subs.budgetedBuffer(tag, in, out)
-}
-
-// budgetedBuffer is upstream's buffer loop over the consumer's inbox
-// (inbox.go), with accounting: what leaves the inbox, handed over or
-// dropped, is released from the budget. As upstream's, it hands over what
-// was queued before a cancel and then closes the application's chan, and
-// drops what is queued when the channel closes.
-func (subs *consumers) budgetedBuffer(tag string, in chan *Delivery, out chan Delivery) {
-	defer close(out)
-	defer subs.Done()
-
-	acct := subs.acct
-	box := acct.inboxOf(in, tag)
-	defer acct.forget(in, box)
-	defer func() { acct.budget.release(box.clear()) }() // dropped at close, as upstream drops them
-	box.attach(out)
-	defer box.detach() // before close(out): no hand-over may follow it
-
-	inflight := in // closed by a cancel; nothing is sent on it but by upstream's send
-	for {
-		next, ok := box.front()
-		if !ok {
-			if inflight == nil {
-				return // cancelled, and everything queued before was handed over
-			}
-			select {
-			case <-subs.closed:
-				return
-			case <-acct.closing:
-				subs.dropAfterClose(inflight, box)
-				return
-			case <-box.wake:
-			case d, consuming := <-inflight:
-				inflight = subs.received(box, inflight, d, consuming)
-			}
-			continue
-		}
-		if isClosing(acct.closing) { // nothing more for the application (closedrop.go)
-			subs.dropAfterClose(inflight, box)
-			return
-		}
-		select {
-		case <-subs.closed:
-			return
-		case <-acct.closing:
-		case d, consuming := <-inflight:
-			inflight = subs.received(box, inflight, d, consuming)
-		case out <- *next.d:
-			acct.budget.release(box.drop())
-		}
-	}
-}
-
-// received takes what upstream's send handed the buffer on its inbound
-// chan (the read paths deliver through the inbox instead), and returns the
-// chan to keep receiving from: nil once a cancel closed it.
-func (subs *consumers) received(box *inbox, in chan *Delivery, d *Delivery, ok bool) chan *Delivery {
-	if !ok {
-		return nil
-	}
-	box.put(d, deliveryCost(d), subs.acct.budget)
-	return in
-}
-
 // deliver hands a delivery to the application if it waits for one, else
 // to its consumer's inbox, charged to the budget until the application
 // receives it. It never waits for the application.
@@ -128,7 +54,7 @@ func (subs *consumers) deliver(tag string, d *Delivery) {
 		acct.obs.Delivered(d)
 	}
 	if isClosing(acct.closing) {
-		return // Close has begun: dropped (closedrop.go)
+		return // Close has begun: dropped (consumeloop.go)
 	}
 	subs.Lock()
 	defer subs.Unlock()
@@ -154,8 +80,8 @@ type bufferSet struct {
 	all map[*bufferStat]struct{}
 }
 
-// bufferStat is what one consumer's buffer holds. Its buffer goroutine
-// writes it; Stats reads it.
+// bufferStat is what one consumer's inbox holds. The inbox writes it;
+// Stats reads it.
 type bufferStat struct {
 	channel uint16
 	tag     string
@@ -209,4 +135,11 @@ func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
 		out = append(out, cs)
 	}
 	return out
+}
+
+// cleared records that the inbox holds nothing.
+func (st *bufferStat) cleared() {
+	st.queued.Store(0)
+	st.bytes.Store(0)
+	st.oldest.Store(0)
 }

@@ -289,7 +289,7 @@ func (disp *chanDispatcher) cancelled(tag string) {
 	ls := ch.cancels
 	ch.notifyM.RUnlock()
 	notifyAllInOrder(out, ls, stringCost, tag)
-	if in := ch.consumers.inbox(tag); in != nil {
+	if in := ch.consumers.inboundChan(tag); in != nil {
 		out.inOrder(func() { ch.consumers.cancelInbox(tag, in) })
 	}
 	if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
@@ -395,8 +395,8 @@ func (d *drainConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	notifyAllInOrder(&d.connOut, ls, blockingCost, b)
 }
 
-// inbox returns the chan that feeds tag's buffer, nil if there is none.
-func (subs *consumers) inbox(tag string) chan *Delivery {
+// inboundChan returns the chan that feeds tag's buffer, nil if there is none.
+func (subs *consumers) inboundChan(tag string) chan *Delivery {
 	subs.Lock()
 	defer subs.Unlock()
 	return subs.chans[tag]

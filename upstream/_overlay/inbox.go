@@ -6,12 +6,13 @@ package amqp091
 import "sync"
 
 // A consumer's deliveries, in a read path with a budget, wait in an inbox
-// between the read path and the consumer's buffer goroutine (issue #18).
-// Upstream hands each delivery over on an unbuffered chan, so every
-// delivery is a goroutine switch, and a wake-up whenever the buffer
-// goroutine was parked. The read path instead appends to the inbox under a
-// lock, which never waits for the application, and wakes the buffer
-// goroutine only when that found the inbox empty and parked: one wake-up
+// between the read path and the consumer's loop (issue #18,
+// consumeloop.go), which runs on the consumer's buffer goroutine or on
+// its ConsumeFunc's. Upstream hands each delivery over on an unbuffered
+// chan, so every delivery is a goroutine switch, and a wake-up whenever
+// the buffer goroutine was parked. The read path instead appends to the
+// inbox under a lock, which never waits for the application, and wakes
+// the loop only when that found the inbox empty and parked: one wake-up
 // per burst (the deliveries of one socket read), not one per delivery.
 // The inbox also keeps each delivery's arrival, for Stats and warnings.
 
@@ -19,12 +20,12 @@ import "sync"
 type inbox struct {
 	st      *bufferStat     // what Stats reads of it
 	wake    chan struct{}   // a token when a put found the taker parked
-	closing <-chan struct{} // closed when Close begins: no more direct hand-overs (closedrop.go)
+	closing <-chan struct{} // closed when Close begins: no more direct hand-overs (consumeloop.go)
 
 	mu sync.Mutex
 	q  runQueue[inboxItem] // running: the taker is not parked
-	// out is the application's Consume chan while the buffer goroutine
-	// runs, nil before and after (it closes out once it has set nil).
+	// out is the application's Consume chan while its consumer loop
+	// runs, nil before and after (out closes once it is nil again).
 	out chan Delivery
 }
 
@@ -38,14 +39,14 @@ type inboxItem struct {
 
 // put hands d over, in order after what is queued: straight to the
 // application when nothing is queued and it waits on its Consume chan
-// (no hop through the buffer goroutine, no charge), else into the queue,
+// (no hop through the consumer loop, no charge), else into the queue,
 // charged cost to budget until handed over, waking the taker if it is
 // parked. It reports whether d was queued.
 //
-// The direct hand-over keeps the order: with nothing queued, the buffer
-// goroutine is not sending (it takes a delivery out of the queue only
-// once the application has received it), and it cannot take one while
-// put holds the lock.
+// The direct hand-over keeps the order: with nothing queued, the loop is
+// not sending (it takes a delivery out of the queue only once the
+// application has received it), and it cannot take one while put holds
+// the lock.
 func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 	b.mu.Lock()
 	if b.out != nil && len(b.q.queued()) == 0 && !isClosing(b.closing) {
@@ -87,18 +88,22 @@ func (b *inbox) front() (inboxItem, bool) {
 	return b.q.front()
 }
 
-// drop takes the next delivery out, once handed over, and returns its cost.
-func (b *inbox) drop() int64 {
+// take removes the next delivery and returns it. When the inbox is empty
+// it reports false, and the taker counts as parked: the next put wakes it.
+func (b *inbox) take() (inboxItem, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	cost := b.q.queued()[0].cost
+	it, ok := b.q.front()
+	if !ok {
+		return it, false
+	}
 	b.q.drop()
 	var oldest int64
 	if rest := b.q.queued(); len(rest) > 0 {
 		oldest = rest[0].at
 	}
-	b.st.popped(cost, oldest)
-	return cost
+	b.st.popped(it.cost, oldest)
+	return it, true
 }
 
 // clear empties the inbox and returns what its deliveries were charged.
@@ -121,13 +126,13 @@ func (b *inbox) clear() int64 {
 // a consumer's buffer) to its inbox. The read path looks the chan up
 // under the consumers' lock, so a cancelled consumer gets nothing more;
 // the inbox is made by whichever comes first, the first delivery or the
-// buffer goroutine, which removes it when it ends.
+// consumer's start (bufferFor), and removed when its consumer ends.
 type inboxes struct {
 	mu  sync.Mutex
 	all map[chan *Delivery]*inbox
 	// direct holds, by consumer tag, the ConsumeFuncs about to serve
 	// their consumer themselves (directconsume.go).
-	direct map[string]chan directHandoff
+	direct map[string]chan startedConsumer
 }
 
 // inboxOf returns in's inbox, making it if needed.
@@ -146,7 +151,7 @@ func (acct *deliveryAcct) inboxOf(in chan *Delivery, tag string) *inbox {
 	return b
 }
 
-// forget removes in's inbox, once its buffer goroutine ends.
+// forget removes in's inbox, once its consumer ended.
 func (acct *deliveryAcct) forget(in chan *Delivery, b *inbox) {
 	ib := &acct.inboxes
 	ib.mu.Lock()

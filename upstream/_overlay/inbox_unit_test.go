@@ -10,8 +10,9 @@ import (
 	"time"
 )
 
-// Unit tests of a budgeted consumer's inbox and buffer (inbox.go,
-// consumerbudget.go): no broker, no socket.
+// Unit tests of a budgeted consumer's inbox and its consumer loop with
+// the Consume chan as handler (inbox.go, consumeloop.go): no broker, no
+// socket.
 
 // budgetedConsumers returns a channel's consumer registry with a budget,
 // as a read path makes it, and that budget.
@@ -89,7 +90,7 @@ func TestUnitInboxHandsOverInOrder(t *testing.T) {
 
 // TestUnitInboxCancelAndClose pins upstream's ends: a cancel hands over
 // what was queued before it and then closes the chan; a channel's close
-// drops what is queued; Close beginning (closedrop.go) drops what is
+// drops what is queued; Close beginning (consumeloop.go) drops what is
 // queued and what still arrives, and the chan closes at the teardown. In
 // every case the budget ends at zero and a delivery for a tag no longer
 // consumed is dropped uncharged.
@@ -210,8 +211,8 @@ func TestUnitInboxDirectHandOverKeepsOrder(t *testing.T) {
 	})
 }
 
-// TestUnitInboxTakeKeepsOrderAndStats pins take, ConsumeFunc's way out of
-// the inbox (directconsume.go): deliveries leave in order, Stats follows,
+// TestUnitInboxTakeKeepsOrderAndStats pins take, the consumer loop's way
+// out of the inbox (consumeloop.go): deliveries leave in order, Stats follows,
 // and an empty inbox parks the taker, so the next put asks for a wake-up.
 func TestUnitInboxTakeKeepsOrderAndStats(t *testing.T) {
 	st := &bufferStat{}

@@ -176,7 +176,7 @@ func (ch *Channel) publishRefused() error {
 	// Once the application has called Close, the broker discards what
 	// follows connection.close: refuse the message rather than write it
 	// for nobody, so Close does not compete with a publisher for the
-	// broker's time (closedrop.go).
+	// broker's time (consumeloop.go).
 	if isClosing(ch.connection.rp.base().calledC) {
 		return ErrClosedIntentionally
 	}
