@@ -214,3 +214,23 @@ func isClosing(closing <-chan struct{}) bool {
 		return false
 	}
 }
+
+// inboundChan returns the chan that feeds tag's buffer, nil if there is none.
+func (subs *consumers) inboundChan(tag string) chan *Delivery {
+	subs.Lock()
+	defer subs.Unlock()
+	return subs.chans[tag]
+}
+
+// cancelFedBy is upstream's consumers.cancel for the consumer whose buffer
+// in feeds, and only for it: when the cancel runs late (after notifications
+// the user has not read yet), the tag may since have been cancelled by the
+// application, or even reused by a new Consume, which this must not end.
+func (subs *consumers) cancelFedBy(tag string, in chan *Delivery) {
+	subs.Lock()
+	same := subs.chans[tag] == in
+	subs.Unlock()
+	if same {
+		subs.cancel(tag)
+	}
+}

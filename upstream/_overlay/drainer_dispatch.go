@@ -290,7 +290,7 @@ func (disp *chanDispatcher) cancelled(tag string) {
 	ch.notifyM.RUnlock()
 	notifyAllInOrder(out, ls, stringCost, tag)
 	if in := ch.consumers.inboundChan(tag); in != nil {
-		out.inOrder(func() { ch.consumers.cancelInbox(tag, in) })
+		out.inOrder(func() { ch.consumers.cancelFedBy(tag, in) })
 	}
 	if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
 		// Serialised with publishes on this channel, as upstream.
@@ -393,24 +393,4 @@ func sequence(ch *Channel, conf Confirmation, multiple bool) []Confirmation {
 // listeners, in order, through the connection's outbox.
 func (d *drainConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	notifyAllInOrder(&d.connOut, ls, blockingCost, b)
-}
-
-// inboundChan returns the chan that feeds tag's buffer, nil if there is none.
-func (subs *consumers) inboundChan(tag string) chan *Delivery {
-	subs.Lock()
-	defer subs.Unlock()
-	return subs.chans[tag]
-}
-
-// cancelInbox is upstream's consumers.cancel for the consumer whose buffer
-// in feeds, and only for it: when the cancel runs late (after notifications
-// the user has not read yet), the tag may since have been cancelled by the
-// application, or even reused by a new Consume, which this must not end.
-func (subs *consumers) cancelInbox(tag string, in chan *Delivery) {
-	subs.Lock()
-	same := subs.chans[tag] == in
-	subs.Unlock()
-	if same {
-		subs.cancel(tag)
-	}
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 )
 
-// Unit tests of genEnd and closeIntent (genend.go), how a generation of the
+// Unit tests of genEnd and closeIntent (readconn.go and closeintent.go), how a generation of the
 // read modes ends and the watchdog that bounds Close: no broker, no
 // socket, on synctest's fake clock.
 

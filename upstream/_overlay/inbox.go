@@ -5,16 +5,72 @@ package amqp091
 
 import "sync"
 
-// A consumer's deliveries, in a read path with a budget, wait in an inbox
-// between the read path and the consumer's loop (issue #18,
-// consumeloop.go), which runs on the consumer's buffer goroutine or on
-// its ConsumeFunc's. Upstream hands each delivery over on an unbuffered
-// chan, so every delivery is a goroutine switch, and a wake-up whenever
-// the buffer goroutine was parked. The read path instead appends to the
-// inbox under a lock, which never waits for the application, and wakes
-// the loop only when that found the inbox empty and parked: one wake-up
-// per burst (the deliveries of one socket read), not one per delivery.
-// The inbox also keeps each delivery's arrival, for Stats and warnings.
+// A consumer's inbox and the budget behind it.
+//
+// Deliveries wait for the application (its Consume chan, or ConsumeFunc's
+// handler); upstream's buffer has no bound and hands each delivery over
+// on an unbuffered chan, a goroutine switch per delivery. A read path
+// instead appends each delivery to its consumer's inbox under a lock,
+// which never waits for the application, and wakes the consumer loop
+// (consumeloop.go) only when it found the inbox empty and parked: one
+// wake-up per burst (the deliveries of one socket read). Each delivery
+// is charged to the read path's budget from the moment it is dispatched
+// until the loop hands it over or drops it, so a consumer that stops
+// reading makes the drainer stop reading the socket instead of growing
+// the heap (legacy mode keeps the count for Stats and never pauses). The
+// inbox also keeps each delivery's arrival, for Stats and warnings.
+
+// deliveryAcct is a channel's tie to its read path's accounting.
+type deliveryAcct struct {
+	budget  *budget
+	buffers *bufferSet
+	channel uint16
+	obs     *Observer
+	closing <-chan struct{} // closed when Close begins (consumeloop.go)
+	inboxes inboxes         // each consumer's queue of deliveries
+}
+
+// makeConsumers builds a channel's consumer registry, tied to the read
+// path's budget when it keeps one.
+func (c *Connection) makeConsumers(id uint16) *consumers {
+	subs := makeConsumers()
+	if c != nil && c.rp != nil {
+		if rb := c.rp.base(); rb.deliveries != nil {
+			subs.acct = &deliveryAcct{budget: rb.deliveries, buffers: &rb.buffers, channel: id, obs: rb.obs, closing: rb.calledC}
+		}
+	}
+	return subs
+}
+
+// deliveryCost is what a buffered delivery is charged.
+func deliveryCost(d *Delivery) int64 { return frameCost + int64(len(d.Body)) }
+
+// deliver hands a delivery to the application if it waits for one, else
+// to its consumer's inbox, charged to the budget until the application
+// receives it. It never waits for the application.
+func (subs *consumers) deliver(tag string, d *Delivery) {
+	acct := subs.acct
+	if acct.obs != nil && acct.obs.Delivered != nil {
+		acct.obs.Delivered(d)
+	}
+	if isClosing(acct.closing) {
+		return // Close has begun: dropped (consumeloop.go)
+	}
+	subs.Lock()
+	defer subs.Unlock()
+	in, found := subs.chans[tag]
+	if !found {
+		// No such consumer (cancelled with deliveries in flight): dropped,
+		// as upstream drops it.
+		return
+	}
+	box := acct.inboxOf(in, tag)
+	if box.put(d, deliveryCost(d), acct.budget) {
+		if w := acct.buffers.watch; w != nil {
+			w.consumerQueued(box.st)
+		}
+	}
+}
 
 // inbox is one consumer's queue of deliveries not yet handed over.
 type inbox struct {

@@ -782,12 +782,3 @@ func (l *legacyConn) closing() {
 // flush does nothing: legacy mode hands notifications over inline, so
 // nothing waits to be flushed at shutdown.
 func (l *legacyConn) flush() {}
-
-// stats is Stats in legacy mode: the counters and the consumer buffers;
-// notifications are handed over inline, as upstream does, so none wait.
-func (l *legacyConn) stats(s *Stats, now time.Time) {
-	l.io.fill(s)
-	s.Budget = l.deliveries.snapshot(now)
-	s.Budget.Limit = 0
-	s.Consumers = l.buffers.fill(s.Consumers, monoNow())
-}

@@ -11,7 +11,7 @@ import (
 
 // The Observer's (observe.go) publish, confirm, RPC and connection hooks,
 // and the confirm clock. The others are called where their work is done:
-// Delivered in consumerbudget.go, Handled in pool.go, Settled through
+// Delivered in inbox.go, Handled in consumefunc.go, Settled through
 // iocount.go, SettleRefused in recoverytags.go, the budget's and
 // ListenerDropped in watch.go. Every call starts with a nil check, so
 // without an Observer the fast paths are what they were.

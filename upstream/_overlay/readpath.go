@@ -32,7 +32,7 @@ import (
 //  4. newChannel and Channel.resetState size each channel's rpc chan with
 //     rpcCap; newChannel builds its consumers with makeConsumers, and
 //     consumers.add runs each buffer with bufferFor, which tie buffered
-//     deliveries to the read path's budget (consumerbudget.go).
+//     deliveries to the read path's budget (inbox.go, consumeloop.go).
 //  5. PublishWithDeferredConfirm gives each DeferredConfirmation the read
 //     path's confirm pump (its pump field), which Wait and WaitContext call
 //     through pumpUntilDone, so they can read frames themselves.

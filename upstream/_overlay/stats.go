@@ -5,6 +5,8 @@ package amqp091
 
 import (
 	"sort"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -126,4 +128,102 @@ func (c *Connection) Stats() Stats {
 		return s.Consumers[i].QueuedBytes > s.Consumers[j].QueuedBytes
 	})
 	return s
+}
+
+// stats is Stats in legacy mode: the counters and the consumer buffers;
+// notifications are handed over inline, as upstream does, so none wait.
+func (l *legacyConn) stats(s *Stats, now time.Time) {
+	l.io.fill(s)
+	s.Budget = l.deliveries.snapshot(now)
+	s.Budget.Limit = 0
+	s.Consumers = l.buffers.fill(s.Consumers, monoNow())
+}
+
+// stats is Stats in drainer mode.
+func (d *drainConn) stats(s *Stats, now time.Time) {
+	d.io.fill(s)
+	s.Budget = d.budget.snapshot(now)
+	mono := monoNow()
+	s.Listeners = d.connOut.listenerStats(s.Listeners, mono)
+	d.mu.Lock()
+	for _, disp := range d.dispatchers {
+		s.Listeners = disp.out.listenerStats(s.Listeners, mono)
+	}
+	d.mu.Unlock()
+	s.Consumers = d.buffers.fill(s.Consumers, mono)
+	if d.watch != nil {
+		s.DroppedListeners = d.watch.dropped.Load()
+	}
+}
+
+// bufferSet holds the consumer buffers of one connection, for Stats.
+type bufferSet struct {
+	watch *watcher // set before any consumer starts; nil without warnings
+
+	mu  sync.Mutex
+	all map[*bufferStat]struct{}
+}
+
+// bufferStat is what one consumer's inbox holds. The inbox writes it;
+// Stats reads it.
+type bufferStat struct {
+	channel uint16
+	tag     string
+	queued  atomic.Int64
+	bytes   atomic.Int64
+	oldest  atomic.Int64 // monoNow of the oldest waiting delivery, 0 when empty
+}
+
+func (s *bufferSet) add(channel uint16, tag string) *bufferStat {
+	st := &bufferStat{channel: channel, tag: tag}
+	s.mu.Lock()
+	if s.all == nil {
+		s.all = map[*bufferStat]struct{}{}
+	}
+	s.all[st] = struct{}{}
+	s.mu.Unlock()
+	return st
+}
+
+func (s *bufferSet) remove(st *bufferStat) {
+	s.mu.Lock()
+	delete(s.all, st)
+	s.mu.Unlock()
+}
+
+func (st *bufferStat) pushed(cost, oldest int64) {
+	st.queued.Add(1)
+	st.bytes.Add(cost)
+	st.oldest.Store(oldest)
+}
+
+func (st *bufferStat) popped(cost, oldest int64) {
+	st.queued.Add(-1)
+	st.bytes.Add(-cost)
+	st.oldest.Store(oldest)
+}
+
+// fill appends an entry for every buffer that holds deliveries.
+func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for st := range s.all {
+		n := st.queued.Load()
+		if n <= 0 {
+			continue
+		}
+		cs := ConsumerStats{Channel: st.channel, ConsumerTag: st.tag, Queued: int(n), QueuedBytes: st.bytes.Load()}
+		if at := st.oldest.Load(); at != 0 && now > at {
+			cs.OldestAge = time.Duration(now - at)
+		}
+		out = append(out, cs)
+	}
+	return out
+}
+
+// cleared records that the inbox holds nothing.
+func (st *bufferStat) cleared() {
+	st.queued.Store(0)
+	st.bytes.Store(0)
+	st.oldest.Store(0)
 }

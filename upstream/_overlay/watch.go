@@ -23,7 +23,7 @@ import (
 //
 //   - an outbox that queues an item checks its share of the budget (the
 //     depth warning), and a consumer's inbox that queues a delivery checks
-//     its share and the age of its oldest (consumerbudget.go);
+//     its share and the age of its oldest (inbox.go);
 //   - an outbox's hand-over goroutine, which retries a blocked listener
 //     every slice (at most 50 ms), checks the age of its head (the stall
 //     warning) and, with DropStalledListener, gives the listener up;
@@ -303,23 +303,6 @@ func itemCount(it outItem) int {
 // count is how many notifications an item with several holds (itemCount).
 func (n *notes[T]) count() int   { return len(n.vs) }
 func (s *settlement) count() int { return len(s.dcs) }
-
-// stats is Stats in drainer mode.
-func (d *drainConn) stats(s *Stats, now time.Time) {
-	d.io.fill(s)
-	s.Budget = d.budget.snapshot(now)
-	mono := monoNow()
-	s.Listeners = d.connOut.listenerStats(s.Listeners, mono)
-	d.mu.Lock()
-	for _, disp := range d.dispatchers {
-		s.Listeners = disp.out.listenerStats(s.Listeners, mono)
-	}
-	d.mu.Unlock()
-	s.Consumers = d.buffers.fill(s.Consumers, mono)
-	if d.watch != nil {
-		s.DroppedListeners = d.watch.dropped.Load()
-	}
-}
 
 // biggestHolder is the listener or consumer that holds the most of the
 // budget now (a consumer is reported with Kind "Consume").
