@@ -15,7 +15,7 @@ import (
 // ever, so every message costs a fresh body. ConsumeFunc calls a handler
 // instead, and takes the body back when the handler returns: in the
 // drainer and legacy modes the fast path (fastread.go) reads each body of
-// such a consumer straight into a buffer from the body pool (pool.go),
+// such a consumer straight into a buffer from the body pool (bodypool.go),
 // and ConsumeFunc puts it back once the handler is done with it. Its
 // consumer runs the consumer loop (consumeloop.go) with ConsumeFunc's
 // handler (directconsume.go).

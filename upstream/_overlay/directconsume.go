@@ -87,7 +87,7 @@ type directConsumer struct {
 	tag     string
 	autoAck bool
 	handle  func(*Delivery) error
-	pooled  bool // the bodies come from the pool (pool.go)
+	pooled  bool // the bodies come from the pool (bodypool.go)
 	poison  bool // ConsumeFuncOptions.PoisonRecycled
 	ctx     context.Context
 	cur     Delivery       // the one the handler gets, for the whole consumption

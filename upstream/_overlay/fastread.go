@@ -372,7 +372,7 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	a.body = nil
 	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag) {
 		// A ConsumeFunc consumer's body, recycled when its handler
-		// returns (pool.go).
+		// returns (bodypool.go).
 		a.body = pooledBody(size)
 	}
 	if a.body == nil {
