@@ -47,39 +47,9 @@ type frameCursor struct {
 	ok bool
 }
 
-func (c *frameCursor) u8() uint8 {
-	if !c.ok || len(c.b)-c.i < 1 {
-		c.ok = false
-		return 0
-	}
-	v := c.b[c.i]
-	c.i++
-	return v
-}
-
-func (c *frameCursor) u16() uint16 {
-	if !c.ok || len(c.b)-c.i < 2 {
-		c.ok = false
-		return 0
-	}
-	v := binary.BigEndian.Uint16(c.b[c.i:])
-	c.i += 2
-	return v
-}
-
-func (c *frameCursor) u64() uint64 {
-	if !c.ok || len(c.b)-c.i < 8 {
-		c.ok = false
-		return 0
-	}
-	v := binary.BigEndian.Uint64(c.b[c.i:])
-	c.i += 8
-	return v
-}
-
-// shortstr returns the bytes of a shortstr, aliasing the frame.
-func (c *frameCursor) shortstr() []byte {
-	n := int(c.u8())
+// take returns the next n bytes, aliasing the frame, or nil once a field
+// did not fit.
+func (c *frameCursor) take(n int) []byte {
 	if !c.ok || len(c.b)-c.i < n {
 		c.ok = false
 		return nil
@@ -88,6 +58,30 @@ func (c *frameCursor) shortstr() []byte {
 	c.i += n
 	return v
 }
+
+func (c *frameCursor) u8() uint8 {
+	if v := c.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (c *frameCursor) u16() uint16 {
+	if v := c.take(2); v != nil {
+		return binary.BigEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (c *frameCursor) u64() uint64 {
+	if v := c.take(8); v != nil {
+		return binary.BigEndian.Uint64(v)
+	}
+	return 0
+}
+
+// shortstr returns the bytes of a shortstr, aliasing the frame.
+func (c *frameCursor) shortstr() []byte { return c.take(int(c.u8())) }
 
 // rawDeliver is basic.deliver with its strings still in the frame.
 type rawDeliver struct {

@@ -57,18 +57,20 @@ func (subs *consumers) deliver(tag string, d *Delivery) {
 		return // Close has begun: dropped (consumeloop.go)
 	}
 	subs.Lock()
-	defer subs.Unlock()
 	in, found := subs.chans[tag]
 	if !found {
 		// No such consumer (cancelled with deliveries in flight): dropped,
 		// as upstream drops it.
+		subs.Unlock()
 		return
 	}
 	box := acct.inboxOf(in, tag)
-	if box.put(d, deliveryCost(d), acct.budget) {
-		if w := acct.buffers.watch; w != nil {
-			w.consumerQueued(box.st)
-		}
+	queued := box.put(d, deliveryCost(d), acct.budget)
+	subs.Unlock()
+	// The watcher may log, and the Logger is user code: not under the
+	// consumers' lock, which Cancel, Consume and the teardown take.
+	if w := acct.buffers.watch; queued && w != nil {
+		w.consumerQueued(box.st)
 	}
 }
 
