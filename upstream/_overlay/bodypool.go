@@ -74,8 +74,8 @@ const (
 var (
 	bodyPools [maxBodyClass - minBodyClass + 1]sync.Pool
 	// holders carries the *[]byte that the class pools store (a pointer
-	// goes into an interface without allocating; a slice does not): Get
-	// frees one, recycleBody takes one.
+	// goes into an interface without allocating; a slice does not):
+	// pooledBody frees one, recycleBody takes one.
 	holders sync.Pool
 )
 

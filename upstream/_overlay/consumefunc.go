@@ -62,8 +62,8 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 // bytes. d itself is reused for the next delivery. Copy what must outlive
 // the handler: bytes.Clone(d.Body), and the Delivery by value (kept :=
 // *d), whose other fields (strings, Headers, tags) stay valid, so that
-// kept.Ack works later. Set
-// ConsumeFuncOptions.PoisonRecycled in tests to catch a body kept too long.
+// kept.Ack works later. Set ConsumeFuncOptions.PoisonRecycled in tests to
+// catch a body kept too long.
 // In upstream mode (no read path) the bodies are upstream's, allocated per
 // message and never recycled; the rule stands all the same, so that code
 // does not depend on the mode.

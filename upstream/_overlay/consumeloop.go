@@ -135,9 +135,9 @@ func (l *consumerLoop) run() {
 	}
 }
 
-// wait waits for one event; with next set, the Consume chan taking it is
-// one, and so is taking ConsumeFunc's read turn (legacy mode), which
-// reads the socket.
+// wait waits for one event. With next set, the Consume chan taking it is
+// one; for a ConsumeFunc in legacy mode, so is taking the read turn
+// (turnToTake), which reads the socket.
 func (l *consumerLoop) wait(next *Delivery) {
 	var out chan Delivery
 	var v Delivery

@@ -7,24 +7,19 @@ import (
 	"context"
 )
 
-// ConsumeFunc's handler of the consumer loop (consumeloop.go), and
-// ConsumeFunc without a buffer goroutine (issue #18).
+// ConsumeFunc's handler of the consumer loop (consumeloop.go): ConsumeFunc
+// without a buffer goroutine (issue #18).
 //
-// A Consume chan costs a goroutine hop per delivery: the read path hands
-// each delivery to the consumer's buffer goroutine or, when the
-// application already waits, straight to it on the chan, and either way
-// the receiving goroutine is woken once per delivery. ConsumeFunc owns
-// its chan, so in the drainer and legacy modes it does without one: its
-// own goroutine runs the consumer loop, which takes the deliveries out of
-// the consumer's inbox (inbox.go), every delivery of a burst per wake-up.
-// In legacy mode it goes further, as rabbitmq-c's amqp_consume_message
-// does: when its inbox is empty and nobody is reading the socket, the
-// ConsumeFunc goroutine takes the read turn and reads itself, so that a
-// consumer that is the only reader costs no goroutine switch at all;
+// A Consume chan wakes the goroutine that receives once per delivery.
+// ConsumeFunc owns its chan, so in the drainer and legacy modes it does
+// without one: its own goroutine runs the consumer loop over the
+// consumer's inbox (inbox.go), every delivery of a burst per wake-up. In
+// legacy mode, as rabbitmq-c's amqp_consume_message, when its inbox is
+// empty and nobody reads the socket, it takes the read turn and reads
+// itself, so a consumer that is the only reader costs no goroutine switch;
 // while another goroutine reads (a DrainEvents loop, an RPC caller,
-// AutoDrain's loop), it waits for what that one hands over. In upstream
-// mode the loop takes the deliveries from the Consume chan instead
-// (consumerLoop.src).
+// AutoDrain's), it waits for what that one hands over. In upstream mode
+// the loop takes the deliveries from the Consume chan (consumerLoop.src).
 // The loop's rules hold as for a Consume chan; ConsumeFunc's own (a
 // handler's error, ctx's end) are directConsumer's.
 
@@ -148,8 +143,9 @@ func (dc *directConsumer) ctxDone() {
 	dc.cancel()
 }
 
-// deliver hands one delivery to the handler, requeues it once the handler
-// failed, or drops it (drop: the loop's rules say so).
+// deliver hands one delivery to the handler or, once the handler failed,
+// requeues it (dropped with AutoAck); with drop (the loop's rules) it
+// drops it.
 func (dc *directConsumer) deliver(next *Delivery, drop bool) {
 	d := &dc.cur
 	*d = *next

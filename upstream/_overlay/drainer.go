@@ -26,13 +26,13 @@ import (
 //     the middle of a frame keeps the partial bytes.
 //  2. It never waits on user code or on a lock that anyone holds across a
 //     network write: channel frames go to a per-channel dispatcher
-//     goroutine (started on demand, parked for a while when idle, then
-//     gone: drainer_dispatch.go), notifications go to
-//     the channel's outbox (outbox.go), which hands them to their
-//     listeners in the order the frames arrived, across listeners, as
-//     upstream's reader does, and replies that need a network write
-//     (close-ok, flow-ok, cancel-ok) are written by the dispatcher, never
-//     by the drainer.
+//     goroutine (started on demand, parked a while when idle, then gone:
+//     drainer_dispatch.go, workqueue.go), notifications to the channel's
+//     outbox (outbox.go), which hands them over in the order the frames
+//     arrived, across listeners, as upstream's reader does, and replies
+//     that need a network write (close-ok, flow-ok, cancel-ok) are written
+//     by a dispatcher or the channel-0 queue (conn0Work), never by the
+//     drainer.
 //  3. Everything queued for users counts against a budget. Over it, the
 //     drainer stops reading (TCP backpressure) until users catch up.
 //  4. Heartbeats live in the same loop: read deadlines double as the timer.
@@ -47,10 +47,9 @@ import (
 //     DrainerOptions.CloseTimeout, the socket is closed, which also frees a
 //     publisher blocked in a write.
 //
-// What it shares with legacy mode (the generation's lifecycle, the RPC
-// waits, channel 0's shared parts and the channel-frame router) is in
-// readgen.go, and the socket writer, the channel-frame decoding and the
-// heartbeat arithmetic in readconn.go. This file holds only what is the
+// What it shares with legacy mode is in readgen.go (a generation's life,
+// the RPC waits, channel 0, the frame router) and readconn.go (the socket
+// writer, channel-frame decoding, heartbeat arithmetic). Here is only the
 // drainer's own: the loop, its heartbeat duty, the budget's pause, and how
 // a waiter waits for its reply.
 
@@ -178,7 +177,7 @@ type drainConn struct {
 
 	mu          sync.Mutex // guards dispatchers and conn0; each dispatcher's outer lock
 	dispatchers map[*Channel]*chanDispatcher
-	conn0       *serialQueue // channel-0 work that may block (close-ok replies)
+	conn0       *serialQueue // channel-0 work that may block (conn0Work)
 
 	watch     *watcher      // warnings and the stall policy (watch.go), nil without them
 	pausedFor ListenerStats // the biggest holder when reading paused (drainer goroutine only)
@@ -465,13 +464,13 @@ func (d *drainConn) opened() {
 	}
 }
 
-// flush is shutdown's flush hook: it lets the notifications of frames read
-// before the end reach their listeners before upstream's teardown sends NotifyClose and closes the
-// listener chans, as upstream's reader would have handed them over before
-// it saw the end. It waits until the close's deadline (Close's, or
-// CloseTimeout from now after a failure); what is still queued then is
-// dropped, so a listener nobody reads delays the teardown by that much at
-// most.
+// flush is shutdown's flush hook: the notifications of frames read before
+// the end reach their listeners before upstream's teardown sends NotifyClose
+// and closes the listener chans, as upstream's reader would have handed
+// them over before it saw the end. It waits until the close's deadline
+// (Close's, or CloseTimeout from now after a failure); what is still
+// queued then is dropped, so a listener nobody reads delays the teardown
+// by that much at most.
 func (d *drainConn) flush() {
 	deadline, ok := d.closeDeadline()
 	if !ok || !d.isCalled() {

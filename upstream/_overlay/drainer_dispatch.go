@@ -12,18 +12,22 @@ import (
 //
 // Channel-0 methods are handled on the drainer goroutine: replies go to a
 // buffered rpc chan, blocked/unblocked to the connection's outbox, and
-// connection.close ends reading while a short-lived goroutine writes
-// close-ok and tears the connection down, which releases every waiter with
-// the broker's reason. Channel frames are queued, in order, for that
-// channel's dispatcher: a goroutine that runs while the channel has frames
-// waiting, then stays parked for the next ones for dispatcherLinger (less
-// if the channel closes or the generation ends), and is gone after that
-// with nothing queued. It dispatches each method and complete message
+// connection.close ends reading while the channel-0 queue (conn0Work, a
+// goroutine that retires once it is empty) writes close-ok and tears the
+// connection down, which releases every waiter with the broker's reason.
+// Channel frames are queued, in order, for that channel's dispatcher (a
+// delivery with nothing queued before it goes straight to its consumer's
+// inbox): a goroutine that runs while the channel has frames waiting, then
+// stays parked for the next ones for dispatcherLinger (less if the channel
+// closes or the generation ends), and is gone after that with nothing
+// queued (workqueue.go). It dispatches each method and complete message
 // (content is assembled by the drainer). It may wait for the channel's
 // lock or write to the socket (close-ok, flow-ok, cancel-ok), which only
 // ever delays that one channel, never the drainer or another channel.
 // Notifications go to the channel's outbox (outbox.go), which hands them
-// over in arrival order and never drops one while its listener is open.
+// over in arrival order, and drops one only with its listener
+// (DropStalledListener) or once a close has waited for it long enough
+// (closeInOrder, flush).
 
 // chanDispatcher is one channel's dispatcher: its queue, which runs the
 // channel's methods and complete messages in order, and its outbox, which
@@ -120,9 +124,7 @@ func (d *drainConn) conn0Work(job func()) {
 // the channel's dispatcher: methods and complete messages.
 func (g *drainGen) handOn(step chanStep) {
 	d := g.d
-	// Counted before routing: a caller woken by this frame (a reply) must
-	// not take it for progress made after its DrainEvents began.
-	g.activity.frames.Add(1)
+	g.activity.frames.Add(1) // counted first, as in route0
 	switch {
 	case step.closed != nil:
 		// Upstream answers channel.close, ignores close-ok and closes the

@@ -30,12 +30,12 @@ import (
 //     already complete in the buffer. When its ctx ends first it returns
 //     ctx.Err() and keeps the partial frame for the next call.
 //  4. Writes, publishes included, take the transport lock: a publish waits
-//     while another goroutine sits in a blocking read (with AutoDrain, a
-//     write cuts such a read short instead, and the read resumes after
-//     it: see transportGuard.lock). (On a transport
+//     while another goroutine sits in a blocking read (with AutoDrain, or
+//     in a ConsumeFunc's read, a write cuts such a read short instead, and
+//     the read resumes after it: transportGuard.lock). On a transport
 //     without read deadlines, such as io.Pipe, reads cannot be cut short,
 //     so there the lock covers writes only, and a read ignores ctx until
-//     bytes arrive.)
+//     bytes arrive.
 //  5. Heartbeats are sent and checked only while the application calls in.
 //  6. Close never holds the transport lock while it waits for close-ok: it
 //     interrupts a blocked reader, wakes DrainEvents callers with
@@ -44,10 +44,9 @@ import (
 //  8. A read error shuts the connection down; every waiter finds out on its
 //     next turn.
 //
-// What it shares with the drainer (the generation's lifecycle, the RPC
-// waits, channel 0's shared parts and the channel-frame router) is in
-// readgen.go, and the socket writer, the channel-frame decoding and the
-// heartbeat arithmetic in readconn.go. This file holds only what is
+// What it shares with the drainer is in readgen.go (a generation's life,
+// the RPC waits, channel 0, the frame router) and readconn.go (the socket
+// writer, channel-frame decoding, heartbeat arithmetic). Here is only
 // legacy's own: the turn, the transport lock, and reading on the caller's
 // goroutine.
 
@@ -280,8 +279,10 @@ func (l *legacyConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	return true
 }
 
-// errInterrupted reports a read cut short on purpose: by Close, or by a
-// heartbeat due while waiting.
+// errInterrupted reports a read that ended early and only asks for another
+// try: a writer wants the transport lock, the end of the handshake or
+// Close (for its own pump) interrupted it, or its deadline (a heartbeat
+// due) passed.
 var errInterrupted = errors.New("amqp: read interrupted")
 
 // readFailure is an error that ends the generation: pump, legacy's one
@@ -361,9 +362,8 @@ func (g *legacyGen) handOn(step chanStep) {
 
 // route0 is upstream's dispatch0 for f, a frame of channel 0, except for
 // connection.blocked and unblocked (notifyBlocks) and a reply that would
-// find connRPCCap replies waiting (replyOverflow): dispatch0 would wait
-// for a caller to take one, but the turn holder may be that very caller,
-// and no other caller can pump meanwhile.
+// find connRPCCap replies waiting, which fails the connection rather than
+// wait (replyOverflow).
 func (g *legacyGen) route0(f frame) (stop bool, err *Error) {
 	if mf, ok := f.(*methodFrame); ok {
 		if g.l.notifyBlocks(mf.Method) {
@@ -383,12 +383,10 @@ func (g *legacyGen) route0(f frame) (stop bool, err *Error) {
 func (g *legacyGen) endedInline() bool { return g.isDead() }
 
 // notifyBlocked hands connection.blocked or unblocked to the NotifyBlocked
-// listeners ls in place of upstream's dispatch0, which sends to them
-// holding no lock, so that a shutdown on another goroutine (Close, or a
-// write that failed) can close a listener under the send, which panics
-// the process. Holding notifyM for reading keeps shutdown from closing the
-// listeners until the send is done, and noNotify, set under notifyM, says
-// they are gone. notifyBlocks took c.m before, in shutdown's order.
+// listeners ls. Upstream's dispatch0 sends holding no lock, so a shutdown
+// on another goroutine (Close, a failed write) can close a listener under
+// the send, which panics; holding notifyM for reading keeps shutdown from
+// closing them until the send is done, and noNotify says they are gone.
 func (l *legacyConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	c := l.c
 	c.notifyM.RLock()
@@ -593,15 +591,12 @@ func (l *legacyConn) drainOn(ctx context.Context, g *legacyGen) error {
 	}
 }
 
-// await pumps until done is closed (a reply, a confirmation) or the
-// generation ends. It returns nil when done closed.
-//
-// A reply dispatched before the error or end that woke the caller is the
-// caller's: upstream's reader hands it over before it reads the frame
-// that ends the channel or the connection, so the caller gets the reply.
-// Here the turn holder dispatches both in one go, and a select between
-// them picks at random, so await looks for the reply once more before it
-// returns an error.
+// await pumps until a reply comes in rpc, done closes (a confirmation: it
+// returns nil, nil), errs reports the channel's end, ctx ends, or the
+// generation ends. A reply dispatched before the error or end is the
+// caller's, as upstream's reader hands it over first; here the turn holder
+// dispatches both in one go, and select picks at random, so await looks
+// for the reply once more before it returns an error.
 func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (m message, err error) {
 	defer func() {
 		if err != nil {

@@ -14,17 +14,14 @@ import (
 	"time"
 )
 
-// What the two read modes share.
+// What the two read modes share, besides a generation's life (readgen.go).
 //
-// The drainer (drainer.go) and legacy mode (legacy.go) are siblings: each
-// reads the socket its own way (a goroutine of the connection's, or
-// whoever calls in), and this file holds everything else they do alike:
-// the state a read path fixes when it is attached (readBase), a connection
-// generation (readGen), how a generation is installed and how it fails,
-// the socket writer, the channel-frame path from raw bytes to what a
-// channel's dispatch takes, and the heartbeat clock. The rest of a
-// generation's life (which one is current, its abandon and shutdown, the
-// RPC waits, channel 0, the channel-frame router) is readgen.go's.
+// The drainer (drainer.go) and legacy mode (legacy.go) each read the
+// socket their own way (a goroutine of the connection's, or whoever calls
+// in), and share what is here: the state a read path fixes when it is
+// attached (readBase), a connection generation (readGen), its install and
+// failure, the socket writer, the channel-frame path from raw bytes to
+// what a channel's dispatch takes, and the heartbeat clock.
 
 // ErrClosedIntentionally is returned to goroutines that were waiting on a
 // connection (an RPC, DrainEvents) when the application closed it with
@@ -50,9 +47,8 @@ const (
 	// defaultCloseTimeout is DrainerOptions.CloseTimeout and
 	// LegacyOptions.CloseTimeout when they are zero.
 	defaultCloseTimeout = 5 * time.Second
-	// connRPCCap buffers channel-0 replies, so that whoever dispatches
-	// them (the drainer, or legacy's turn holder, which may be the very
-	// caller that would take one) never waits for a caller to pick one up.
+	// connRPCCap buffers channel-0 replies, so that their dispatcher never
+	// waits for a caller to take one (replyOverflow).
 	connRPCCap = 8
 	// chanRPCCap buffers channel replies for the same reason.
 	chanRPCCap = 8
@@ -218,8 +214,7 @@ func (b *readBase) countOpened() { observeOpened(b.obs, b.name, b.gens.Add(1)) }
 // socketWriter is a generation's writer of the socket. It counts what
 // goes out (Stats; the heartbeat's idea of traffic, through sent), and
 // reports a write that failed because the generation ended by why it
-// ended: a publisher, or Close itself, then learns the cause ("close-ok
-// not received within 5s") rather than "use of closed network connection".
+// ended (genEnd.explain).
 type socketWriter struct {
 	conn   io.Writer
 	end    *genEnd

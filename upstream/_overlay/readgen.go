@@ -192,11 +192,10 @@ func (b *readBase) chanErr(g *readGen, e *Error, ok bool) error {
 
 // replyOverflow returns the error to fail the connection with when m, a
 // reply on channel 0, finds connRPCCap replies already waiting in g.rpc.
-// Upstream's dispatch0 would wait for a caller to take one, but the
-// goroutine dispatching may be the very caller that would take it (the
-// legacy turn holder), or the one that reads for everybody (the drainer):
-// DrainEvents and Close would hang. Only the goroutine dispatching sends
-// on g.rpc, so a free slot seen here is still free for its send.
+// Upstream's dispatch0 would wait for a caller, but the dispatcher may be
+// that very caller (legacy's turn holder) or read for everybody (the
+// drainer): DrainEvents and Close would hang. Only the dispatcher sends on
+// g.rpc, so a free slot seen here stays free for its send.
 func (g *readGen) replyOverflow(m message) *Error {
 	if len(g.rpc) < cap(g.rpc) {
 		return nil

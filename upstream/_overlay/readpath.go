@@ -224,17 +224,14 @@ func (c *Connection) rpcCap() int {
 
 // callThrough is Channel.call on a connection with a read path. It takes
 // the channel's errors and rpc chans before it sends the request, where
-// upstream's call takes them after. A request whose reply is a
-// channel.close (a passive declare of a missing queue, say) ends the
-// channel, and with recovery the channel is reset at once, with new chans:
-// a caller that looked at the chans only after that waited on the new
-// channel's, for a reply that never comes. Upstream's reader leaves
-// almost no time for that; a read path that dispatches the close while
-// the caller is still on its way out of send does not (legacy-autodrain
-// hung upstream's TestChannelRecoveryRestoresQosInEveryTopologyRecoveryMode
-// once in about a hundred runs under -race). Taken before, the chans are
-// the ones the reply or the end of that channel reaches: its errors close
-// when it ends.
+// upstream's call takes them after: a reply that is a channel.close (a
+// passive declare of a missing queue, say) ends the channel, and recovery
+// resets it at once with new chans, on which a caller that looked only
+// after would wait for ever. A read path can dispatch the close while the
+// caller is still in send (legacy-autodrain hung upstream's
+// TestChannelRecoveryRestoresQosInEveryTopologyRecoveryMode once in about
+// a hundred runs under -race); taken before, the chans are the ones that
+// channel's reply or end reaches.
 func (ch *Channel) callThrough(rp readPath, req message, res []message) error {
 	ch.m.Lock()
 	errors, rpc := ch.errors, ch.rpc

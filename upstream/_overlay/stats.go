@@ -43,8 +43,8 @@ type Stats struct {
 	Listeners []ListenerStats
 
 	// Consumers lists, in drainer and legacy modes, the deliveries that
-	// wait for the application to receive them from its Consume chan: one
-	// entry per consumer with anything queued, biggest first.
+	// wait for the application (its Consume chan, or ConsumeFunc's
+	// handler): one entry per consumer with anything queued, biggest first.
 	Consumers []ConsumerStats
 
 	// DroppedListeners counts the listeners closed by the stall policy
