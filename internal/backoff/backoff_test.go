@@ -4,7 +4,11 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // The bound doubles per failure from Initial up to Max, without overflow.
 func TestBound(t *testing.T) {
