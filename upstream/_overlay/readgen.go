@@ -276,6 +276,17 @@ func (b *readBase) routeChannel(r frameRouter, cr *contentReader, split *frameSp
 	if err != nil {
 		return err
 	}
+	if b.obs != nil {
+		b.observeStep(step)
+	}
+	r.handOn(step)
+	return nil
+}
+
+// observeStep tells the Observer of a confirm or a return in step. Only
+// called with an Observer: without one, the router does no more per frame
+// than the hand-on.
+func (b *readBase) observeStep(step chanStep) {
 	switch {
 	case step.method != nil:
 		switch m := step.method.Method.(type) {
@@ -285,10 +296,8 @@ func (b *readBase) routeChannel(r frameRouter, cr *contentReader, split *frameSp
 			step.ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
 		}
 	case step.msg != nil:
-		if r, ok := step.msg.(*basicReturn); ok && b.obs != nil && b.obs.Returned != nil {
+		if r, ok := step.msg.(*basicReturn); ok && b.obs.Returned != nil {
 			b.obs.Returned(newReturn(*r))
 		}
 	}
-	r.handOn(step)
-	return nil
 }
