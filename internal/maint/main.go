@@ -209,10 +209,11 @@ func runLatest(ctx context.Context) error {
 }
 
 // runSize prints the overlay's size and its functions over
-// overlaysize.MaxFuncLines; -check fails when one is not a table.
+// overlaysize.MaxFuncLines; -check fails when one is not a table, or when
+// the overlay is over overlaysize.MaxLines.
 func runSize(args []string) error {
 	fs := flag.NewFlagSet("overlay-size", flag.ContinueOnError)
-	check := fs.Bool("check", false, "exit non-zero when a function other than a table is over the bound")
+	check := fs.Bool("check", false, "exit non-zero when a function other than a table is over the bound, or the overlay over its line budget")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -223,6 +224,9 @@ func runSize(args []string) error {
 	fmt.Print(r)
 	if long := r.Long(); *check && len(long) > 0 {
 		return fmt.Errorf("%d overlay functions are over %d lines: split them into named steps", len(long), overlaysize.MaxFuncLines)
+	}
+	if *check && r.Code.Total > overlaysize.MaxLines {
+		return fmt.Errorf("the overlay is %d lines, over its budget of %d", r.Code.Total, overlaysize.MaxLines)
 	}
 	return nil
 }

@@ -1,8 +1,8 @@
 // Package overlaysize measures the overlay (upstream/_overlay/*.go): its
 // lines, split into code, comments and tests, and its functions longer
-// than a bound. The overlay is about as big as the upstream code it
-// patches, so its size is tracked as a number, and a long function is
-// caught by scripts/lint rather than by a reader.
+// than a bound. The overlay once grew as big as the upstream code it
+// patches, so its size has a budget, and both the budget and a long
+// function are caught by scripts/lint rather than by a reader.
 package overlaysize
 
 import (
@@ -20,6 +20,10 @@ import (
 // func line to its closing brace.
 const MaxFuncLines = 60
 
+// MaxLines is the overlay's budget: every line of its non-test files,
+// blank and comment lines included (wc -l), the count issue #28 set.
+const MaxLines = 7000
+
 // Tables are the functions allowed past MaxFuncLines, with the reason:
 // encoders that are one case per field or type of the spec, where a split
 // would hide the table rather than shorten the logic.
@@ -31,6 +35,7 @@ var Tables = map[string]string{
 // Lines counts the lines of a set of files.
 type Lines struct {
 	Files    int
+	Total    int // every line, as wc -l counts them
 	NonBlank int // every line that is not blank
 	Comment  int // lines that hold only a comment
 }
@@ -97,6 +102,7 @@ func Measure(dir string) (Report, error) {
 
 func (l *Lines) add(o Lines) {
 	l.Files += o.Files
+	l.Total += o.Total
 	l.NonBlank += o.NonBlank
 	l.Comment += o.Comment
 }
@@ -123,7 +129,7 @@ func count(fset *token.FileSet, f *ast.File, src []byte) Lines {
 			comment[i] = true
 		}
 	}
-	l := Lines{Files: 1}
+	l := Lines{Files: 1, Total: strings.Count(string(src), "\n")}
 	for i, s := range lines {
 		if strings.TrimSpace(s) == "" {
 			continue
@@ -173,16 +179,17 @@ func funcName(fd *ast.FuncDecl) string {
 // over the bound.
 func (r Report) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "overlay: %d files, %d non-blank lines (%d code, %d comment); tests: %d files, %d non-blank lines\n",
-		r.Code.Files, r.Code.NonBlank, r.Code.Code(), r.Code.Comment, r.Tests.Files, r.Tests.NonBlank)
+	fmt.Fprintf(&b, "overlay: %d files, %d lines of %d budgeted; %d non-blank (%d code, %d comment); tests: %d files, %d lines\n",
+		r.Code.Files, r.Code.Total, MaxLines, r.Code.NonBlank, r.Code.Code(), r.Code.Comment, r.Tests.Files, r.Tests.Total)
 	names := make([]string, 0, len(r.ByFile))
 	for n := range r.ByFile {
 		names = append(names, n)
 	}
-	sort.Slice(names, func(i, j int) bool { return r.ByFile[names[i]].NonBlank > r.ByFile[names[j]].NonBlank })
+	sort.Slice(names, func(i, j int) bool { return r.ByFile[names[i]].Total > r.ByFile[names[j]].Total })
+	b.WriteString("  lines non-blank code file\n")
 	for _, n := range names {
 		l := r.ByFile[n]
-		fmt.Fprintf(&b, "  %5d %5d %s\n", l.NonBlank, l.Code(), n)
+		fmt.Fprintf(&b, "  %5d %5d %5d %s\n", l.Total, l.NonBlank, l.Code(), n)
 	}
 	fmt.Fprintf(&b, "functions over %d lines:", MaxFuncLines)
 	any := false

@@ -35,11 +35,14 @@ func (t *T) short() {}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Code.Files != 1 || r.Tests.Files != 1 || r.Tests.NonBlank != 3 {
+	if r.Code.Files != 1 || r.Tests.Files != 1 || r.Tests.NonBlank != 3 || r.Tests.Total != 4 {
 		t.Errorf("files: code %+v tests %+v", r.Code, r.Tests)
 	}
 	if r.Code.Comment != 4 {
 		t.Errorf("comment lines = %d, want 4 (the package doc, the block comment's two lines, T's doc)", r.Code.Comment)
+	}
+	if want := strings.Count(src, "\n"); r.Code.Total != want {
+		t.Errorf("total lines = %d, want %d (wc -l)", r.Code.Total, want)
 	}
 	wantCode := 5 + (MaxFuncLines+2)*2 // package, T (3 lines), short, and the two long ones
 	if r.Code.Code() != wantCode {

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -10,19 +9,10 @@ import (
 	"sync/atomic"
 )
 
-// blockGate holds back the publishes that carry a context while the broker
-// has blocked the connection (connection.blocked: a memory or disk alarm).
-//
-// A blocked broker stops reading the publisher's socket, so a publish that
-// went ahead would end up in a socket write that no context reaches
-// (upstream looks at ctx only on entry), and a frame half written cannot
-// be taken back. Waiting here, before anything is written, lets
-// PublishWithContext return when its ctx ends and leaves the connection
-// intact. Publishes whose ctx cannot end are not held: they behave as
-// upstream's do, writing until the socket buffer is full.
-//
-// Frames already in flight when connection.blocked arrives can still fill
-// the socket buffer; Close stays bounded by the read path's CloseTimeout.
+// blockGate holds publishes whose ctx can end while the broker blocks the connection
+// (connection.blocked, a resource alarm: it stops reading the socket), before anything is
+// written, so PublishWithContext returns at ctx's end with the connection intact. Other
+// publishes write as upstream's; Close stays bounded by the read path's CloseTimeout.
 type blockGate struct {
 	m       sync.Mutex                    // serialises block and unblock
 	blocked atomic.Pointer[chan struct{}] // set while blocked, closed at unblock
@@ -38,15 +28,13 @@ func (b *blockGate) block() {
 	}
 }
 
-// unblock releases the held publishes: connection.unblocked, the end of
-// the connection (they then fail as upstream's do), or a new generation,
-// whose socket the broker has not blocked.
+// unblock releases the held publishes: at connection.unblocked, at the
+// connection's end (they fail as upstream's), or for a new generation.
 func (b *blockGate) unblock() {
 	b.m.Lock()
 	defer b.m.Unlock()
-	if p := b.blocked.Load(); p != nil {
+	if p := b.blocked.Swap(nil); p != nil {
 		close(*p)
-		b.blocked.Store(nil)
 	}
 }
 

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -10,56 +9,25 @@ import (
 	"sync"
 )
 
-// Bounded calls.
-//
-// Upstream's synchronous methods wait for their reply as long as the broker
-// takes. The context variants in bounded_methods.go run the very same
-// upstream method, on a goroutine of their own, and wait for it or for
-// their ctx, whichever comes first; nothing in upstream's code path
-// changes, in any read mode. The goroutine is what makes the bound hold
-// whatever the method is blocked in: the wait for the reply, the write of
-// the request, or a lock a blocked publisher holds.
-//
-// A caller who leaves before the reply cannot be matched to it later:
-// AMQP 0-9-1 replies carry no request id, and a channel has one RPC in
-// flight. So the channel is abandoned, as the Java client does after its
-// channelRpcTimeout:
-//
-//  1. The channel is marked closed, at once, so nothing more is sent on it.
-//  2. Its id is handed to a stand-in channel (takeOver) that discards
-//     every frame for it (the late reply, deliveries in flight) and keeps
-//     the id reserved, so that no new channel can be given the id, nor the
-//     late reply.
-//  3. The channel is shut down as by Close: waiters get ErrClosed,
-//     deliveries and listeners are closed, pending confirmations nacked.
-//     Unacknowledged deliveries return to their queue when the broker
-//     closes the channel.
-//  4. The stand-in sends channel.close (retire) and waits for
-//     channel.close-ok, then releases the id (closeInBackground). It waits
-//     as long as the broker takes (the broker that did not answer may
-//     still be blocked) or until the connection ends; it holds no lock
-//     meanwhile, and it only waits: whoever reads the socket hands it the
-//     close-ok. A stand-in whose connection ends is dropped with it, so
-//     automatic recovery never reopens one.
-//
-// A connection-level request has no channel to give up, so abandoning one
-// ends the connection (abandonConnection).
+// Bounded calls: a context variant (bounded_methods.go) runs the upstream
+// method unchanged on its own goroutine, so the bound holds whatever the
+// method is blocked in. Replies carry no request id, so a channel whose
+// caller left is abandoned (as the Java client does after its
+// channelRpcTimeout) through a stand-in that keeps its id until the
+// broker's close-ok; a connection-level request ends the connection.
 
 // ErrRPCTimeout is the cause of an *RPCError from a synchronous method that
 // got no reply within DrainerOptions.RPCTimeout or LegacyOptions.RPCTimeout.
 var ErrRPCTimeout = errors.New("amqp: no reply within the RPC timeout")
 
 // RPCError is returned by a synchronous method whose reply did not come
-// before its context ended (a ...WithContext method) or before the read
-// mode's RPCTimeout. errors.Is(err, context.Cause(ctx)) holds for the
-// first (that is ctx.Err() unless ctx was given a cause), errors.Is(err,
-// ErrRPCTimeout) for the second. When the request had been
-// handed to the connection, the channel (for a channel-level request) or
-// the connection (for a connection-level one) is closed as a consequence,
-// and errors.Is(err, ErrClosed) holds too: open a new channel to go on.
-// Whether the broker carried out the request is then unknown, as with any
-// request whose reply was lost: a declaration may exist, a message taken
-// by a GetWithContext with autoAck may be gone.
+// before its ctx ended (a ...WithContext method: errors.Is(err,
+// context.Cause(ctx))) or before the read mode's RPCTimeout (errors.Is(err,
+// ErrRPCTimeout)). If the request had been handed over, its channel (or
+// the connection, for channel 0) is closed and errors.Is(err, ErrClosed):
+// open a new channel to go on. Whether the broker carried the request out
+// is unknown: a declaration may exist, a GetWithContext autoAck message
+// may be gone.
 type RPCError struct {
 	// Method is the request, in the spec's dotted form ("queue.declare").
 	Method string
@@ -67,35 +35,24 @@ type RPCError struct {
 	Channel uint16
 	// Err is context.Cause(ctx) or ErrRPCTimeout.
 	Err error
-	// Closed reports whether the channel or connection was closed because
-	// the reply was given up on. It is false when the context had already
-	// ended before anything was sent.
+	// Closed reports whether the channel or connection was closed; false
+	// when ctx had ended before anything was sent.
 	Closed bool
 }
 
-// Error names the request and the cause, and says whether it was sent and
-// what was closed.
+// Error names the request and cause, and whether it was sent and what closed.
 func (e *RPCError) Error() string {
-	on := "connection"
+	on, kind := "connection", "connection"
 	if e.Channel != 0 {
-		on = fmt.Sprintf("channel %d", e.Channel)
+		on, kind = fmt.Sprintf("channel %d", e.Channel), "channel"
 	}
 	if !e.Closed {
 		return fmt.Sprintf("amqp: %s on %s not sent: %v", e.Method, on, e.Err)
 	}
-	return fmt.Sprintf("amqp: %s on %s: no reply: %v (the %s is closed)", e.Method, on, e.Err, onKind(e.Channel))
+	return fmt.Sprintf("amqp: %s on %s: no reply: %v (the %s is closed)", e.Method, on, e.Err, kind)
 }
 
-// onKind names what an RPC on channel closes when it is given up.
-func onKind(channel uint16) string {
-	if channel == 0 {
-		return "connection"
-	}
-	return "channel"
-}
-
-// Unwrap makes errors.Is match the cause, and ErrClosed once the channel
-// or connection is closed.
+// Unwrap makes errors.Is match the cause, and ErrClosed if Closed.
 func (e *RPCError) Unwrap() []error {
 	if e.Closed {
 		return []error{e.Err, ErrClosed}
@@ -103,13 +60,10 @@ func (e *RPCError) Unwrap() []error {
 	return []error{e.Err}
 }
 
-// errNilContext is what a ...WithContext method returns for a nil ctx, as
-// the standard library's context-taking functions refuse one.
+// errNilContext refuses a nil ctx, as the standard library does.
 var errNilContext = errors.New("amqp: nil Context")
 
-// boundedRun is one synchronous call running on its own goroutine. It is
-// pooled: a call that completes in time gives it back, an abandoned one
-// leaves it to the goroutine and the collector.
+// boundedRun is one bounded call's goroutine state, pooled unless abandoned.
 type boundedRun struct {
 	call func() error
 	err  error
@@ -131,12 +85,10 @@ func (r *boundedRun) finish() error {
 	return err
 }
 
-// runBounded runs call bounded by ctx. It returns call's error if call
-// returns first. Otherwise it runs abandon, which must not block, with
-// the chan that receives once call has returned, and returns the
-// *RPCError for the caller. A ctx that has ended already runs nothing; one
-// that cannot end (Done nil) runs call on the caller's goroutine: exactly
-// the plain method.
+// runBounded runs call bounded by ctx and returns its error if it returns
+// first. Otherwise it runs abandon (which must not block) with the chan
+// that receives once call has returned, and returns the *RPCError. An
+// ended ctx runs nothing; one that cannot end (Done nil) runs call inline.
 func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error, ended <-chan struct{})) error {
 	if ctx == nil {
 		return errNilContext
@@ -165,28 +117,20 @@ func runBounded(ctx context.Context, method string, channel uint16, call func() 
 	return &RPCError{Method: method, Channel: channel, Err: cause, Closed: true}
 }
 
-// bounded runs call, one of ch's synchronous methods, bounded by ctx, and
-// abandons ch if ctx ends first.
+// bounded runs call, a method of ch, bounded by ctx; ch is abandoned if ctx ends first.
 func (ch *Channel) bounded(ctx context.Context, method string, call func() error) error {
 	return runBounded(ctx, method, ch.id, call, func(_ error, ended <-chan struct{}) { ch.abandonAfter(method, ended) })
 }
 
-// abandon gives up ch after a caller left before the reply to method; see
-// the top of this file. It returns at once; the rest runs on a goroutine.
-// It does nothing when ch is closed or closing already, or was abandoned
-// by another caller.
-func (ch *Channel) abandon(method string) { ch.abandonAfter(method, nil) }
-
-// abandonAfter is abandon for a call that may not have written its
-// request yet: the call checks that ch is open, then waits for the write
-// lock (in legacy mode, for a read to end), and a stand-in's channel.close
-// written meanwhile would go out before the request, which the broker
-// takes for a method on a closing channel. So the stand-in writes only
-// once the call has returned (ended receives), which the shutdown of ch
-// brings about at once after the call's write: its reply wait ends with
-// the channel. A nil ended: the request is on the wire already.
+// abandonAfter gives up ch after a caller left before the reply to method;
+// it returns at once, and does nothing if ch is closed, closing or
+// abandoned already. The call may have checked ch open and still wait for
+// the write lock (in legacy mode, for a read to end), and its request must
+// not follow the channel.close: so the stand-in writes once the call has
+// returned (ended receives; ch's shutdown ends its reply wait). A nil
+// ended: the request is on the wire already.
 func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
-	if stand := ch.takeOver(); stand != nil {
+	if stand := ch.takeOver(true); stand != nil {
 		go func() {
 			err := ch.retire(stand, "abandoned "+method, ended)
 			stand.closeInBackground(err)
@@ -194,58 +138,40 @@ func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	}
 }
 
-// takeOver hands ch's id to a new stand-in channel and marks ch closed, or
-// returns nil when ch no longer holds its id.
-func (ch *Channel) takeOver() *Channel {
+// takeOver hands ch's id to a new stand-in that discards its frames, or
+// returns nil when ch no longer holds it; with abandon, also when ch is
+// closed or closing, and it marks ch closed. It takes c.m.
+func (ch *Channel) takeOver(abandon bool) *Channel {
 	c := ch.connection
 	c.m.Lock()
 	defer c.m.Unlock()
-	if ch.closeInit.Load() || ch.IsClosed() || c.channels[ch.id] != ch {
+	if c.channels[ch.id] != ch || abandon && (ch.closeInit.Load() || ch.IsClosed()) {
 		return nil
 	}
-	ch.closeInit.Store(true) // no recovery brings it back
-	ch.setClosed()           // nothing more is sent on it
-	return c.standIn(ch.id)
-}
-
-// standIn registers and returns a stand-in for channel id; the caller
-// holds c.m.
-func (c *Connection) standIn(id uint16) *Channel {
-	stand := newChannel(c, id)
+	if abandon {
+		ch.closeInit.Store(true) // no recovery brings it back
+		ch.setClosed()           // nothing more is sent on it
+	}
+	stand := newChannel(c, ch.id)
 	stand.closeInit.Store(true)
-	c.channels[id] = stand
+	c.channels[ch.id] = stand
 	return stand
 }
 
-// rpcTimedOut gives up the reply that a plain synchronous method on ch
-// waited for longer than the read mode's RPCTimeout, and returns the
-// method's error. For Close, whose channel.close is on the wire already,
-// a stand-in only waits for the close-ok, so that the id Close releases
-// is not reused before it.
+// rpcTimedOut abandons ch after the read mode's RPCTimeout and returns the
+// error. For Close, whose channel.close is on the wire, a stand-in only
+// waits for the close-ok, so the id Close releases is not reused before it.
 func (ch *Channel) rpcTimedOut(res []message) error {
 	name := requestFor(res)
 	if name != "channel.close" {
-		ch.abandon(name)
-	} else if stand := ch.standInForClose(); stand != nil {
+		ch.abandonAfter(name, nil)
+	} else if stand := ch.takeOver(false); stand != nil {
 		go stand.closeInBackground(nil)
 	}
 	return &RPCError{Method: name, Channel: ch.id, Err: ErrRPCTimeout, Closed: true}
 }
 
-// standInForClose registers a stand-in for ch's id, or returns nil when ch
-// no longer holds it.
-func (ch *Channel) standInForClose() *Channel {
-	c := ch.connection
-	c.m.Lock()
-	defer c.m.Unlock()
-	if c.channels[ch.id] != ch {
-		return nil
-	}
-	return c.standIn(ch.id)
-}
-
-// connTimedOut is rpcTimedOut for a request on channel 0: it ends the
-// connection.
+// connTimedOut is rpcTimedOut for channel 0: it ends the connection.
 func (c *Connection) connTimedOut(res []message) error {
 	name := requestFor(res)
 	c.rp.abandon(&Error{Code: InternalError, Reason: name + " got no reply within the RPC timeout", Recover: true})
@@ -260,16 +186,14 @@ func (c *Connection) closeStarted() bool {
 	return c.closeInit
 }
 
-// retire shuts ch down as Close does (it may wait for a publish in
-// progress to let go of ch.m), then sends channel.close for its id through
-// stand, once the abandoned call has returned if ended is not nil, and
-// returns the send's error.
+// retire shuts ch down as Close does (it may wait for a publish to let go
+// of ch.m), then sends channel.close through stand, after the abandoned
+// call has returned if ended is not nil, and returns the send's error.
 func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) error {
 	c := ch.connection
 	ch.closeRecovery()
 	ch.lifeCycle.SetState(StateClosing, nil)
 	c.closeChannel(ch, nil) // ch no longer holds its id: this only shuts ch down
-
 	send := func() error {
 		if ended != nil {
 			<-ended // its request, if it was being written, goes first
@@ -282,9 +206,8 @@ func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) 
 	return send()
 }
 
-// closeInBackground waits, on the calling goroutine, for the close-ok to
-// a stand-in's channel.close (unless sendErr says it was not sent), then
-// releases its id.
+// closeInBackground waits for a stand-in's close-ok (unless sendErr says
+// channel.close was not sent), then releases its id.
 func (stand *Channel) closeInBackground(sendErr error) {
 	if sendErr == nil {
 		_ = stand.awaitCloseOk(context.Background(), false)
@@ -292,13 +215,10 @@ func (stand *Channel) closeInBackground(sendErr error) {
 	stand.connection.dropStandIn(stand)
 }
 
-// awaitCloseOk waits for channel.close-ok on a stand-in, dropping the
-// replies that were meant for the caller who left, until ctx ends. With
-// pump false it only waits: whoever reads the socket hands the frames over
-// (in legacy mode, the application's drain loop or its next call), so a
-// stand-in whose caller left never becomes a reader of its own. With pump
-// set, the caller reads frames meanwhile if the read mode needs it to
-// (legacy), as a waiting Close does.
+// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping
+// the replies meant for the caller who left. Without pump it never reads
+// (whoever reads the socket hands frames over); with it, it reads when the
+// mode needs it (legacy), as a waiting Close does.
 func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
@@ -319,9 +239,8 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 }
 
 // dropStandIn releases a stand-in's id, unless the broker's channel.close
-// released it already, and shuts it down. It also runs while the
-// connection is closed (upstream's releaseChannel does not), so that
-// recovery never tries to reopen a stand-in.
+// did, and shuts it down. Unlike upstream's releaseChannel it also runs
+// while the connection is closed, so recovery never reopens a stand-in.
 func (c *Connection) dropStandIn(stand *Channel) {
 	c.m.Lock()
 	if got, ok := c.channels[stand.id]; ok && got == stand {
@@ -333,9 +252,7 @@ func (c *Connection) dropStandIn(stand *Channel) {
 	stand.shutdown(nil)
 }
 
-// await is the waiting half of upstream's Channel.call: it waits for the
-// next reply on ch and matches it into one of res, through the read
-// path's hook when there is one.
+// await is the waiting half of upstream's Channel.call, through the read path's hook.
 func (ch *Channel) await(res ...message) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
@@ -350,9 +267,8 @@ func (ch *Channel) await(res ...message) error {
 	return matchReply(msg, res)
 }
 
-// abandonConnection ends c after a connection-level request got no reply
-// in time: a reply that came later could not be told from the next one.
-// It returns at once.
+// abandonConnection ends c, at once, after a connection-level request got
+// no reply in time: a later reply could not be told from the next one.
 func (c *Connection) abandonConnection(method string, cause error) {
 	err := &Error{Code: InternalError, Reason: fmt.Sprintf("%s got no reply: %v", method, cause), Recover: true}
 	if c.rp != nil {
@@ -362,18 +278,15 @@ func (c *Connection) abandonConnection(method string, cause error) {
 	go c.shutdown(err)
 }
 
-// channelRequests names the synchronous requests by the reply they wait
-// for, for the RPC timeout's error, which sees only the replies.
+// channelRequests names the requests by their replies, all the RPC timeout sees.
 var channelRequests = map[[2]uint16]string{
 	{10, 10}: "protocol header", {10, 20}: "connection.start-ok", {10, 30}: "connection.start-ok", {10, 41}: "connection.open",
 	{10, 51}: "connection.close", {10, 71}: "connection.update-secret",
 	{20, 11}: "channel.open", {20, 21}: "channel.flow", {20, 41}: "channel.close",
 	{40, 11}: "exchange.declare", {40, 21}: "exchange.delete", {40, 31}: "exchange.bind", {40, 51}: "exchange.unbind",
 	{50, 11}: "queue.declare", {50, 21}: "queue.bind", {50, 31}: "queue.purge", {50, 41}: "queue.delete", {50, 51}: "queue.unbind",
-	{60, 11}: "basic.qos", {60, 21}: "basic.consume", {60, 31}: "basic.cancel", {60, 71}: "basic.get", {60, 72}: "basic.get",
-	{60, 111}: "basic.recover",
-	{85, 11}:  "confirm.select",
-	{90, 11}:  "tx.select", {90, 21}: "tx.commit", {90, 31}: "tx.rollback",
+	{60, 11}: "basic.qos", {60, 21}: "basic.consume", {60, 31}: "basic.cancel", {60, 71}: "basic.get", {60, 72}: "basic.get", {60, 111}: "basic.recover",
+	{85, 11}: "confirm.select", {90, 11}: "tx.select", {90, 21}: "tx.commit", {90, 31}: "tx.rollback",
 }
 
 // requestFor names the request whose replies res lists.
@@ -390,8 +303,7 @@ func requestFor(res []message) string {
 	return "request"
 }
 
-// waitReply waits for the next message in rpc, or for errs, until ctx
-// ends, where someone else reads the socket.
+// waitReply waits until ctx ends for rpc or errs, where another reads the socket.
 func waitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	select {
 	case e, ok := <-errs:

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -8,13 +7,11 @@ import (
 	"errors"
 )
 
-// The context variants of the synchronous methods (bounded.go has the
-// mechanism; RPCError says what a ctx that ends first brings about). Each
-// of Channel's, CloseWithContext aside, runs the upstream method of the
-// same name, so it records topology for recovery, validates its arguments
-// and behaves in every other way as that method does; only the wait is
-// bounded by ctx. A ctx whose Done is nil (context.Background()) runs the
-// upstream method on the caller's goroutine, at exactly its cost.
+// The context variants of the synchronous methods (bounded.go; RPCError
+// says what a ctx that ends first does). Each of Channel's but
+// CloseWithContext runs the upstream method of the same name, so behaves
+// as it does; only the wait is bounded by ctx. A ctx whose Done is nil
+// (context.Background()) runs the upstream method inline.
 
 // QosWithContext is Qos, bounded by ctx (see RPCError).
 func (ch *Channel) QosWithContext(ctx context.Context, prefetchCount, prefetchSize int, global bool) error {
@@ -87,31 +84,30 @@ func (ch *Channel) ExchangeUnbindWithContext(ctx context.Context, destination, k
 
 // GetWithContext is Get, bounded by ctx (see RPCError).
 func (ch *Channel) GetWithContext(ctx context.Context, queue string, autoAck bool) (Delivery, bool, error) {
-	var r0 Delivery
-	var r1 bool
-	err := ch.bounded(ctx, "basic.get", func() (err error) {
-		r0, r1, err = ch.Get(queue, autoAck)
-		return err
-	})
-	if err != nil {
-		return Delivery{}, false, err
+	type got struct {
+		msg Delivery
+		ok  bool
 	}
-	return r0, r1, nil
+	g, err := boundedValue(ctx, ch, "basic.get", func() (got, error) {
+		msg, ok, err := ch.Get(queue, autoAck)
+		return got{msg, ok}, err
+	})
+	return g.msg, g.ok, err
 }
 
 // TxWithContext is Tx, bounded by ctx (see RPCError).
 func (ch *Channel) TxWithContext(ctx context.Context) error {
-	return ch.bounded(ctx, "tx.select", func() error { return ch.Tx() })
+	return ch.bounded(ctx, "tx.select", ch.Tx)
 }
 
 // TxCommitWithContext is TxCommit, bounded by ctx (see RPCError).
 func (ch *Channel) TxCommitWithContext(ctx context.Context) error {
-	return ch.bounded(ctx, "tx.commit", func() error { return ch.TxCommit() })
+	return ch.bounded(ctx, "tx.commit", ch.TxCommit)
 }
 
 // TxRollbackWithContext is TxRollback, bounded by ctx (see RPCError).
 func (ch *Channel) TxRollbackWithContext(ctx context.Context) error {
-	return ch.bounded(ctx, "tx.rollback", func() error { return ch.TxRollback() })
+	return ch.bounded(ctx, "tx.rollback", ch.TxRollback)
 }
 
 // FlowWithContext is Flow, bounded by ctx (see RPCError).
@@ -130,30 +126,19 @@ func (ch *Channel) RecoverWithContext(ctx context.Context, requeue bool) error {
 }
 
 // ConsumeWithRPCContext is Consume, with the basic.consume round trip
-// bounded by ctx (see RPCError). Once it has returned, ctx has no effect:
-// the consumer lives until it is cancelled or the channel closes.
-// Upstream's ConsumeWithContext is another thing: its ctx cancels the
-// consumer when it ends, and does not bound the round trip.
+// bounded by ctx (see RPCError). Once it has returned ctx has no effect,
+// unlike upstream's ConsumeWithContext, whose ctx cancels the consumer.
 func (ch *Channel) ConsumeWithRPCContext(ctx context.Context, queue, consumer string, autoAck, exclusive, noLocal, noWait bool, args Table) (<-chan Delivery, error) {
-	var deliveries <-chan Delivery
-	err := ch.bounded(ctx, "basic.consume", func() (err error) {
-		deliveries, err = ch.Consume(queue, consumer, autoAck, exclusive, noLocal, noWait, args)
-		return err
+	return boundedValue(ctx, ch, "basic.consume", func() (<-chan Delivery, error) {
+		return ch.Consume(queue, consumer, autoAck, exclusive, noLocal, noWait, args)
 	})
-	if err != nil {
-		return nil, err
-	}
-	return deliveries, nil
 }
 
-// CloseWithContext is Close, bounded by ctx. The channel is closed for
-// the application at once, whenever ctx ends: deliveries, listeners and
-// waiters are closed as Close closes them, and nothing more is sent on it.
-// It returns nil, or the error of the close handshake, once the broker has
-// answered channel.close; if ctx ends first, an *RPCError (see RPCError),
-// while the channel's id stays reserved until the broker answers or the
-// connection ends. As Close, it returns nil for a channel that is already
-// closed.
+// CloseWithContext is Close, bounded by ctx. The channel is closed for the
+// application at once (deliveries, listeners and waiters as by Close), and
+// it returns the close handshake's error, or nil for a channel already
+// closed. If ctx ends first it returns an *RPCError, and the channel's id
+// stays reserved until the broker answers or the connection ends.
 func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
@@ -161,7 +146,7 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	if ctx.Done() == nil {
 		return ch.Close()
 	}
-	stand := ch.takeOver()
+	stand := ch.takeOver(true)
 	if stand == nil {
 		return nil // closed or closing already, as Close finds it
 	}
@@ -189,10 +174,10 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 }
 
 // ChannelWithContext is Channel, with the channel.open round trip bounded
-// by ctx. If ctx ends first it returns an *RPCError (see RPCError); the
-// channel id it had taken stays reserved until the broker has answered the
-// open and the channel.close that follows it, so a late channel.open-ok is
-// never taken for another channel's reply.
+// by ctx. If ctx ends first it returns an *RPCError (see RPCError); the id
+// it had taken stays reserved until the broker has answered the open and
+// the channel.close that follows, so a late channel.open-ok is never taken
+// for another channel's reply.
 func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if ctx == nil {
 		return nil, errNilContext
@@ -207,9 +192,8 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if err != nil {
 		return nil, err
 	}
-	// sent says whether channel.open reached the socket: if it did not,
-	// the broker knows nothing of the id, and a channel.close for it would
-	// be a connection error.
+	// sent: whether channel.open reached the socket; if not, a
+	// channel.close for the id would be a connection error.
 	sent := make(chan error, 1)
 	err = runBounded(ctx, "channel.open", ch.id, func() error {
 		err := ch.send(&channelOpen{})
@@ -233,34 +217,30 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	return ch, nil
 }
 
-// abandonOpen gives up a channel whose open got no reply in time, once
-// channel.open has been written (or has failed to be).
+// abandonOpen gives up ch once channel.open was written, or releases it if that failed.
 func (ch *Channel) abandonOpen(sent <-chan error) {
 	if err := <-sent; err != nil {
 		ch.connection.releaseChannel(ch)
 		return
 	}
-	ch.abandon("channel.open")
+	ch.abandonAfter("channel.open", nil)
 }
 
-// UpdateSecretWithContext is UpdateSecret, bounded by ctx. A
-// connection-level request that gets no reply cannot be given up alone:
-// if ctx ends first, the connection is closed with an *Error saying why
-// (which starts automatic recovery where it is enabled), and it returns an
-// *RPCError (see RPCError).
+// UpdateSecretWithContext is UpdateSecret, bounded by ctx. If ctx ends
+// first, it returns an *RPCError and the connection is closed with an
+// *Error saying why (which starts automatic recovery where enabled).
 func (c *Connection) UpdateSecretWithContext(ctx context.Context, newSecret, reason string) error {
 	const method = "connection.update-secret"
 	return runBounded(ctx, method, 0, func() error { return c.UpdateSecret(newSecret, reason) },
 		func(cause error, _ <-chan struct{}) { c.abandonConnection(method, cause) })
 }
 
-// CloseWithContext is Close, bounded by ctx. If ctx ends before the
-// broker's close-ok (or before an in-flight recovery settles, which Close
-// waits for), the socket is closed, which ends the connection at once and
-// frees a publisher blocked in a write, and it returns an *RPCError (see
-// RPCError); the rest of the teardown finishes on its own. A ctx that has
-// already ended closes the socket without waiting for the broker. Close's other guarantees hold: afterwards the
-// connection, its channels, consumers and listeners are closed.
+// CloseWithContext is Close, bounded by ctx. If ctx ends (or has ended)
+// before the broker's close-ok or before an in-flight recovery settles, it
+// returns an *RPCError and closes the socket, which ends the connection at
+// once and frees a publisher blocked in a write; the teardown finishes on
+// its own, and the connection, its channels, consumers and listeners end
+// up closed as with Close.
 func (c *Connection) CloseWithContext(ctx context.Context) error {
 	const method = "connection.close"
 	if ctx == nil {
@@ -273,17 +253,13 @@ func (c *Connection) CloseWithContext(ctx context.Context) error {
 		if c.IsClosed() {
 			return ErrClosed
 		}
-		go func() {
-			c.closeSocket()
-			_ = c.Close()
-		}()
+		go func() { c.closeSocket(); _ = c.Close() }()
 		return &RPCError{Method: method, Err: context.Cause(ctx), Closed: true}
 	}
 	return runBounded(ctx, method, 0, c.Close, func(error, <-chan struct{}) { go c.closeSocket() })
 }
 
-// closeSocket closes the current generation's socket: the reader fails,
-// and everything waiting on the connection is released with the error.
+// closeSocket closes the current socket: the reader fails, releasing every waiter.
 func (c *Connection) closeSocket() {
 	if c.rp != nil {
 		c.rp.abandon(&Error{Code: InternalError, Reason: "connection.close got no reply in time: socket closed"})
@@ -297,8 +273,7 @@ func (c *Connection) closeSocket() {
 	}
 }
 
-// boundedValue is ch.bounded for a method that returns a value: the value
-// when the call returned, the zero value with the error otherwise.
+// boundedValue is ch.bounded for a method that returns a value (zero with an error).
 func boundedValue[T any](ctx context.Context, ch *Channel, method string, call func() (T, error)) (T, error) {
 	var v T
 	err := ch.bounded(ctx, method, func() (err error) {

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -8,17 +7,11 @@ import (
 	"time"
 )
 
-// budget counts the bytes that a read path has read from the socket and
-// that still wait for a user: in the drainer, frames queued for a
-// channel's dispatcher, the body read so far of a message still being
-// read (pinned), notifications queued for a listener, and deliveries
-// waiting in a consumer's inbox (inbox.go) until its consumer loop hands
-// them over or drops them. When the count passes the high
-// mark, the drainer stops reading the socket, so TCP backpressure reaches
-// the broker instead of memory growing; it reads again once the count falls
-// under the low mark. Legacy mode keeps one for its consumers' deliveries
-// only, with marks it never reaches (math.MaxInt64): it never pauses its
-// reads for it, and Stats reports it.
+// budget counts the bytes read that still wait for a user (queued jobs,
+// notifications and deliveries; a message being read, pinned). Above high
+// the drainer stops reading, so TCP backpressure reaches the broker instead
+// of memory growing, until the count falls to low. Legacy keeps one for its
+// deliveries only, with marks it never reaches (math.MaxInt64), for Stats.
 type budget struct {
 	high, low int64
 
@@ -27,8 +20,7 @@ type budget struct {
 	pinned int64         // part of used that only reading more can release
 	belowC chan struct{} // closed when used falls to low or below, while someone waits
 
-	// For Stats: the reader's pauses.
-	pauses      uint64
+	pauses      uint64        // for Stats
 	pausedTotal time.Duration // of the pauses that ended
 	pausedSince time.Time     // zero unless paused now
 }
@@ -37,51 +29,29 @@ type budget struct {
 func newBudget(high, low int64) *budget { return &budget{high: high, low: low} }
 
 // charge and release count n bytes queued for a user, and taken by one.
-func (b *budget) charge(n int64) {
+func (b *budget) charge(n int64)  { b.add(n, 0) }
+func (b *budget) release(n int64) { b.add(-n, 0) }
+
+// pin charges a message the reader still assembles, which never makes it
+// pause: only reading on releases it (unpin, once complete or dropped).
+func (b *budget) pin(n int64)   { b.add(n, n) }
+func (b *budget) unpin(n int64) { b.add(-n, -n) }
+
+// add counts n bytes more used, pinned of them pinned, and closes belowC once
+// usage, pinned aside, is at low (which only a fall in usage can reach).
+func (b *budget) add(n, pinned int64) {
 	b.mu.Lock()
 	b.used += n
-	b.mu.Unlock()
-}
-
-func (b *budget) release(n int64) {
-	b.mu.Lock()
-	b.used -= n
-	b.wakeBelow()
-	b.mu.Unlock()
-}
-
-// pin charges n bytes of a message still being assembled by the reader.
-// They count as memory, but they never make the reader pause: nobody but
-// the reader itself can release them, by reading the rest of the message,
-// so pausing for them would wait forever.
-func (b *budget) pin(n int64) {
-	b.mu.Lock()
-	b.used += n
-	b.pinned += n
-	b.mu.Unlock()
-}
-
-// unpin releases what pin charged, once the message is complete (and is
-// charged again as it is queued) or dropped.
-func (b *budget) unpin(n int64) {
-	b.mu.Lock()
-	b.used -= n
-	b.pinned -= n
-	b.wakeBelow()
-	b.mu.Unlock()
-}
-
-// wakeBelow closes belowC once usage, pinned bytes aside, is at the low
-// mark. b.mu is held.
-func (b *budget) wakeBelow() {
+	b.pinned += pinned
 	if b.used-b.pinned <= b.low && b.belowC != nil {
 		close(b.belowC)
 		b.belowC = nil
 	}
+	b.mu.Unlock()
 }
 
-// over reports whether reading should pause. When it returns true, below is
-// closed once usage has fallen to the low mark.
+// over reports whether reading should pause; if so, below is closed once
+// usage has fallen to the low mark.
 func (b *budget) over() (over bool, below <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -102,8 +72,7 @@ func (b *budget) pauseBegan(now time.Time) {
 	b.mu.Unlock()
 }
 
-// pauseEnded records that the reader reads again, and returns how long
-// it paused.
+// pauseEnded records that the reader reads again; it returns the pause.
 func (b *budget) pauseEnded(now time.Time) time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -120,14 +89,8 @@ func (b *budget) pauseEnded(now time.Time) time.Duration {
 func (b *budget) snapshot(now time.Time) BudgetStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s := BudgetStats{
-		Limit:       b.high,
-		Used:        b.used,
-		Paused:      !b.pausedSince.IsZero(),
-		Pauses:      b.pauses,
-		PausedTotal: b.pausedTotal,
-	}
-	if s.Paused {
+	s := BudgetStats{Limit: b.high, Used: b.used, Pauses: b.pauses, PausedTotal: b.pausedTotal}
+	if s.Paused = !b.pausedSince.IsZero(); s.Paused {
 		s.PausedTotal += now.Sub(b.pausedSince)
 	}
 	return s

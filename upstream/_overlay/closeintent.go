@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -25,10 +24,9 @@ type closeIntent struct {
 // newCloseIntent returns a closeIntent before any Close.
 func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct{})} }
 
-// begin runs in the closing hook. Unless the close is the library's own, it
-// marks the close intentional; either way, given the generation (end), it
-// arms a watchdog that ends it and closes conn if the close takes longer
-// than timeout.
+// begin runs in the closing hook: unless the close is the library's own it
+// marks it intentional; given a generation (end), it arms a watchdog that
+// ends it and closes conn if the close takes longer than timeout.
 func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer) {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
@@ -45,15 +43,13 @@ func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer)
 	}
 	ci.closeBy = time.Now().Add(timeout)
 	ci.watchdog = time.AfterFunc(timeout, func() {
-		if end.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf(
-			"close-ok not received within %s: socket closed", timeout)}) {
+		if end.setDead(&Error{Code: FrameError, Reason: fmt.Sprintf("close-ok not received within %s: socket closed", timeout)}) {
 			_ = conn.Close()
 		}
 	})
 }
 
-// markProtocol says that the next close is the library's, not the
-// application's.
+// markProtocol says that the next close is the library's.
 func (ci *closeIntent) markProtocol() {
 	ci.mu.Lock()
 	ci.protocol = true
@@ -83,9 +79,8 @@ func (ci *closeIntent) isCalled() bool {
 	return ci.called
 }
 
-// waitErr is what a waiter released by the end of a generation returns:
-// the error that ended it, ErrClosedIntentionally after Close, or
-// ErrClosed.
+// waitErr is what a waiter released by a generation's end returns: the
+// error that ended it, ErrClosedIntentionally after Close, or ErrClosed.
 func (ci *closeIntent) waitErr(e *genEnd) error {
 	if e.err != nil {
 		return e.err

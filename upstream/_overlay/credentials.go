@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -11,33 +10,18 @@ import (
 	"time"
 )
 
-// Credentials across redials.
-//
-// Upstream logs in again, at every recovery attempt, with the
-// Authentication of the first dial (Config.SASL, or the URL's user and
-// password). A password that was rotated, or an OAuth 2 token refreshed
-// with UpdateSecret, is not what the next recovery uses, and the recovery
-// fails with ACCESS_REFUSED once the old secret has expired.
-//
-// Config.Credentials, when set, is asked for the Authentication of every
-// login: the first dial (Dial, DialConfig, Open, and so every attempt of
-// compat.DialCluster) and every recovery attempt. Without it, with safe
-// recovery (a read path, or Config.SafeRecovery), the secret of the last
-// UpdateSecret replaces the password of the PLAIN and AMQPLAIN
-// Authentications that recovery logs in with, as the Java and .NET
-// clients keep a refreshed token. In upstream mode without either, logins
-// are upstream's.
-//
-// A login the broker refuses is reported as an error naming the endpoint
-// and the user, never the password, that wraps upstream's ErrCredentials:
-// every login with Config.Credentials, and recoveries' with safe recovery.
+// Credentials across redials. Upstream logs in at every recovery with the
+// first dial's Authentication, which fails once the password rotated or a
+// token refreshed with UpdateSecret expired the old one. Config.Credentials
+// is asked at every login; without it, safe recovery sends the last
+// UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and
+// .NET clients do. A refused login names endpoint and user, never password.
 
 // CredentialsFunc returns the Authentication of a login, as
 // Config.Credentials: a PlainAuth with the current password or token, for
 // instance. ctx ends at the login's timeout; a func that ignores it is
-// waited for no longer, and its late answer is discarded. It may be
-// called from several goroutines at once (the recovery of one connection,
-// the dial of another).
+// waited for no longer, and its late answer is discarded. It may be called
+// from several goroutines at once.
 type CredentialsFunc func(ctx context.Context) (Authentication, error)
 
 // ErrCredentialsProvider is wrapped by the error of a dial or recovery
@@ -48,8 +32,7 @@ type CredentialsFunc func(ctx context.Context) (Authentication, error)
 var ErrCredentialsProvider = errors.New("amqp: credentials provider failed")
 
 // credentialsFor asks provider for the Authentication of a login to
-// endpoint, bounded by timeout: a provider that ignores its ctx is left to
-// return on its own, and its answer discarded.
+// endpoint, bounded by timeout (one that ignores its ctx is left behind).
 func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Duration) ([]Authentication, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -58,10 +41,7 @@ func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Dura
 		err  error
 	}
 	done := make(chan answer, 1)
-	go func() {
-		auth, err := provider(ctx)
-		done <- answer{auth, err}
-	}()
+	go func() { auth, err := provider(ctx); done <- answer{auth, err} }()
 	select {
 	case a := <-done:
 		switch {
@@ -76,9 +56,8 @@ func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Dura
 	}
 }
 
-// openCredentials is Open's: with Config.Credentials, config.SASL becomes
-// the provider's answer for this first login. c.url is not set yet, so the
-// bound is the default connection timeout.
+// openCredentials is Open's: config.SASL becomes Config.Credentials'
+// answer. c.url is not set yet, so the bound is the default timeout.
 func (c *Connection) openCredentials(config *Config) error {
 	if config.Credentials == nil {
 		return nil
@@ -92,9 +71,8 @@ func (c *Connection) openCredentials(config *Config) error {
 	return nil
 }
 
-// openRecovered is Reconnect's c.open(c.Config): the login of a recovery
-// attempt, with the provider's Authentication, or the secret of the last
-// UpdateSecret, when they apply.
+// openRecovered is Reconnect's c.open(c.Config), with the provider's
+// Authentication or the last UpdateSecret's secret when they apply.
 func (c *Connection) openRecovered() error {
 	endpoint := c.endpoint()
 	switch {
@@ -114,8 +92,8 @@ func (c *Connection) openRecovered() error {
 	return loginError(c.open(c.Config), endpoint, c.Config.SASL)
 }
 
-// keepSecret is UpdateSecret's: with safe recovery, newSecret is what later
-// recoveries log in with.
+// keepSecret is UpdateSecret's: with safe recovery, later recoveries log
+// in with newSecret.
 func (c *Connection) keepSecret(newSecret string) {
 	if c.safeRecovery() {
 		c.recovery.secret.Store(&newSecret)
@@ -139,8 +117,8 @@ func withSecret(sasl []Authentication, secret string) []Authentication {
 	return out
 }
 
-// loginError names the endpoint and the user in a refused login's error,
-// which wraps upstream's (ErrCredentials); other errors pass unchanged.
+// loginError names the endpoint and user in a refused login's error
+// (wrapping ErrCredentials); other errors pass unchanged.
 func loginError(err error, endpoint string, sasl []Authentication) error {
 	if !errors.Is(err, ErrCredentials) {
 		return err
@@ -157,9 +135,8 @@ func loginError(err error, endpoint string, sasl []Authentication) error {
 	return fmt.Errorf("amqp: login to %s as %s refused: %w", endpoint, user, err)
 }
 
-// endpoint names the broker at the other end of the connection's
-// transport, for errors: upstream's RemoteAddr, or "the broker" for a
-// transport without an address (RemoteAddr's zero TCPAddr).
+// endpoint names the peer for errors: upstream's RemoteAddr, or "the
+// broker" for a transport without an address (a zero TCPAddr).
 func (c *Connection) endpoint() string {
 	ra := c.RemoteAddr()
 	if a, ok := ra.(*net.TCPAddr); ok && a.Port == 0 && a.IP == nil {

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -16,114 +15,53 @@ import (
 	"time"
 )
 
-// Dedicated-drainer read mode.
-//
-// One goroutine per connection generation, the drainer, owns the socket
-// read. Its contract:
-//
-//  1. It reads whatever bytes are available into its own buffer and
-//     dispatches only complete frames (framesplit.go); a read deadline in
-//     the middle of a frame keeps the partial bytes.
-//  2. It never waits on user code or on a lock that anyone holds across a
-//     network write: channel frames go to a per-channel dispatcher
-//     goroutine (started on demand, parked a while when idle, then gone:
-//     drainer_dispatch.go, workqueue.go), notifications to the channel's
-//     outbox (outbox.go), which hands them over in the order the frames
-//     arrived, across listeners, as upstream's reader does, and replies
-//     that need a network write (close-ok, flow-ok, cancel-ok) are written
-//     by a dispatcher or the channel-0 queue (conn0Work), never by the
-//     drainer.
-//  3. Everything queued for users counts against a budget. Over it, the
-//     drainer stops reading (TCP backpressure) until users catch up.
-//  4. Heartbeats live in the same loop: read deadlines double as the timer.
-//     A heartbeat is sent only when nothing else was written during the
-//     interval, and never by waiting for the write lock. A broker silent
-//     for three intervals (1.5 × the negotiated heartbeat, as upstream) is
-//     declared dead.
-//  5. On a connection error, every waiter is released at once with the
-//     same *Error. An intentional Close releases them with
-//     ErrClosedIntentionally.
-//  6. Close is bounded: if the broker does not answer close-ok within
-//     DrainerOptions.CloseTimeout, the socket is closed, which also frees a
-//     publisher blocked in a write.
-//
-// What it shares with legacy mode is in readgen.go (a generation's life,
-// the RPC waits, channel 0, the frame router) and readconn.go (the socket
-// writer, channel-frame decoding, heartbeat arithmetic). Here is only the
-// drainer's own: the loop, its heartbeat duty, the budget's pause, and how
-// a waiter waits for its reply.
-
 // DrainerOptions tune the dedicated-drainer read mode. The zero value is
 // ready to use.
 type DrainerOptions struct {
-	// Budget bounds the bytes read from the socket that still wait for a
-	// user (queued frames and undelivered notifications). Over it, the
-	// drainer stops reading until usage falls to half the budget.
-	// Zero means 64 MiB.
+	// Budget bounds the bytes read that still wait for a user (queued
+	// frames, undelivered notifications). Over it, the drainer stops
+	// reading until usage falls to half. Zero means 64 MiB.
 	Budget int64
-
 	// CloseTimeout bounds how long Close waits for the broker's close-ok
-	// (and for a blocked writer) before it closes the socket. Zero means
-	// 5 seconds.
+	// (and a blocked writer) before it closes the socket. Zero means 5s.
 	CloseTimeout time.Duration
-
 	// RPCTimeout bounds the wait for the reply of every synchronous
-	// method (QueueDeclare, Qos, Channel, the handshake, ...), for code
-	// that cannot pass a context. A method without a reply within it
-	// returns an *RPCError matching ErrRPCTimeout, and its channel is
-	// closed (the connection, for a connection-level request), as when
-	// the ctx of a ...WithContext method ends. Close's own wait is bounded
-	// by CloseTimeout instead. Zero, the default, waits as upstream does:
-	// as long as the broker takes.
+	// method (QueueDeclare, Qos, Channel, the handshake, ...). Past it the
+	// method returns an *RPCError matching ErrRPCTimeout and its channel
+	// (the connection, for a connection-level request) is closed, as when
+	// a ...WithContext method's ctx ends. Close is bounded by CloseTimeout
+	// instead. Zero, the default, waits as long as the broker takes.
 	RPCTimeout time.Duration
-
 	// Logger receives the drainer's warnings (watch.go): a listener or
-	// consumer that holds notifications too long or too much of the
-	// budget, a pause of reading for the budget and its end, a listener
-	// dropped by DropStalledListener. nil, the default, is silent.
+	// consumer holding notifications too long or too much of the budget,
+	// a pause of reading and its end, a listener dropped by
+	// DropStalledListener. nil, the default, is silent.
 	Logger *slog.Logger
-
 	// StallWarning is the age of a listener's or consumer's oldest queued
-	// item past which it is warned about. Zero means 5 seconds; negative
-	// turns the age warning off.
+	// item past which it is warned about. Zero means 5s; negative, never.
 	StallWarning time.Duration
-
-	// DepthWarning is the share of Budget that one listener or consumer
-	// may hold before it is warned about. Zero means 0.25; negative turns
-	// the depth warning off.
+	// DepthWarning is the share of Budget one listener or consumer may
+	// hold before it is warned about. Zero means 0.25; negative, never.
 	DepthWarning float64
-
 	// WarnInterval is the least time between two warnings about one
-	// listener or consumer. Zero means 30 seconds.
+	// listener or consumer. Zero means 30s.
 	WarnInterval time.Duration
-
 	// DropStalledListener, when positive, is how long a notification may
 	// wait for a channel's listener (NotifyPublish, NotifyReturn,
-	// NotifyFlow, NotifyCancel) before that listener is given up: its
-	// chan is closed and unregistered, what was queued for it is
-	// dropped, an error is logged, Stats().DroppedListeners counts it and
-	// Observer.ListenerDropped hears of it. The connection, the channel,
-	// its other listeners and its DeferredConfirmations go on.
-	// NotifyBlocked listeners, two notifications per alarm, are never
-	// dropped. Zero, the default, never drops: a listener nobody reads
-	// holds its channel's notifications and, once the budget is full,
-	// pauses reading.
+	// NotifyFlow, NotifyCancel) before that listener is given up: its chan
+	// closed and unregistered, its queue dropped, an error logged,
+	// Stats().DroppedListeners and Observer.ListenerDropped told; all else
+	// goes on. NotifyBlocked listeners are never dropped. Zero, the
+	// default, never drops: an unread listener holds its channel's
+	// notifications and, once the budget is full, pauses reading.
 	DropStalledListener time.Duration
-
-	// CoalescePublishes lets publishes that arrive while another publish
-	// of the connection is being written go out together, in the next
-	// write (groupcommit.go). Each publish still returns once its own
-	// frames are written, with that write's error. It trades CPU and
-	// latency for system calls and fairness: a publisher that joins a
-	// batch parks until the batch is written. With 100 goroutines
-	// publishing on one connection (make bench's scenario 3, 2 shared
-	// vCPUs, one run) it wrote 0.66 system calls per message instead of
-	// 1.0 and brought the slowest publisher 12× closer to the fastest,
-	// but cost 1.4× the CPU per message, and at 10 publishers the publish
-	// call's P99 rose from 0.005 to 0.14 ms. Off by default; worth trying
-	// where a write costs more than a wake-up (TLS, a slow socket).
+	// CoalescePublishes lets publishes that arrive while another of the
+	// connection is being written go out together in the next write
+	// (groupcommit.go); each still returns once its own frames are
+	// written, with that write's error. It trades CPU and latency for
+	// system calls and fairness (the README has figures). Off by
+	// default; worth trying where writes are costly (TLS).
 	CoalescePublishes bool
-
 	// Observer, if not nil, is called from the fast paths (observe.go).
 	Observer *Observer
 }
@@ -132,7 +70,9 @@ type DrainerOptions struct {
 const defaultDrainerBudget = 64 << 20
 
 // Drainer returns the ReadPath of the dedicated-drainer mode; set it as
-// Config.ReadPath.
+// Config.ReadPath. One goroutine per connection reads the socket, never
+// waiting on user code or on a lock held across a write, and hands
+// notifications over in frame order; over Budget, it stops reading.
 func Drainer(opts DrainerOptions) ReadPath {
 	if opts.Budget <= 0 {
 		opts.Budget = defaultDrainerBudget
@@ -148,15 +88,11 @@ type drainerMode struct{ opts DrainerOptions }
 func (drainerMode) Mode() string { return "drainer" }
 
 func (m drainerMode) attach(c *Connection) readPath {
-	d := &drainConn{
-		opts:        m.opts,
-		budget:      newBudget(m.opts.Budget, m.opts.Budget/2),
-		dispatchers: map[*Channel]*chanDispatcher{},
-	}
-	d.init(c, d, "drainer", m.opts.Observer, d.budget)
-	d.rpcTimeout, d.closeTimeout = m.opts.RPCTimeout, m.opts.CloseTimeout
-	d.coalesce = m.opts.CoalescePublishes
-	d.watch = newWatcher(m.opts, d.budget)
+	o := m.opts
+	d := &drainConn{opts: o, budget: newBudget(o.Budget, o.Budget/2), dispatchers: map[*Channel]*chanDispatcher{}}
+	d.init(c, d, "drainer", o.Observer, d.budget)
+	d.rpcTimeout, d.closeTimeout, d.coalesce = o.RPCTimeout, o.CloseTimeout, o.CoalescePublishes
+	d.watch = newWatcher(o, d.budget)
 	d.buffers.watch = d.watch
 	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
 	return d
@@ -166,58 +102,40 @@ func (m drainerMode) attach(c *Connection) readPath {
 type drainConn struct {
 	readBase
 	genSlot[drainGen, *drainGen]
-	opts   DrainerOptions
-	budget *budget
-	// connOut hands connection.blocked/unblocked over in order; jobs and
-	// work count what dispatchers and outboxes still have to do, which
-	// the end of the connection waits for (flush, awaitReply).
-	connOut outbox
-	jobs    workCount // jobs queued for channel dispatchers
-	work    workCount // items queued in outboxes
-
+	opts        DrainerOptions
+	budget      *budget
+	connOut     outbox     // connection.blocked/unblocked, in order
+	jobs        workCount  // jobs queued for dispatchers (awaited by flush, awaitReply)
+	work        workCount  // items queued in outboxes (awaited by flush)
 	mu          sync.Mutex // guards dispatchers and conn0; each dispatcher's outer lock
 	dispatchers map[*Channel]*chanDispatcher
-	conn0       *serialQueue // channel-0 work that may block (conn0Work)
-
-	watch     *watcher      // warnings and the stall policy (watch.go), nil without them
-	pausedFor ListenerStats // the biggest holder when reading paused (drainer goroutine only)
+	conn0       *serialQueue  // channel-0 work that may block (conn0Work)
+	watch       *watcher      // warnings and the stall policy (watch.go), nil without them
+	pausedFor   ListenerStats // the biggest holder when reading paused (drainer goroutine only)
 }
 
 // drainGen is one connection generation: one socket, one drainer goroutine.
 type drainGen struct {
 	readGen
-	d    *drainConn    // the read path, for routing (handOn, route0)
-	done chan struct{} // closed when the drainer goroutine has returned
-
+	d         *drainConn    // the read path, for routing (handOn, route0)
+	done      chan struct{} // closed when the drainer goroutine has returned
 	interval  atomic.Int64  // heartbeat send interval in ns, 0 until tune (or none)
 	sent      atomic.Uint64 // bytes written to the socket by anyone
 	lastBeat  uint64        // sent at the previous heartbeat check
 	beatReady chan struct{} // closed when the heartbeat interval is known
-
-	activity activity // wakes DrainEvents after frames are dispatched
+	activity  activity      // wakes DrainEvents after frames are dispatched
 }
 
-// start runs a new generation's drainer once the previous one has exited,
-// so that no two generations ever read one connection.
+// start runs a new generation's drainer once the previous one has exited.
 func (d *drainConn) start(conn io.ReadWriteCloser) {
-	g := &drainGen{
-		readGen:   newReadGen(conn),
-		d:         d,
-		done:      make(chan struct{}),
-		beatReady: make(chan struct{}),
-	}
+	g := &drainGen{readGen: newReadGen(conn), d: d, done: make(chan struct{}), beatReady: make(chan struct{})}
 	prev := d.replace(g)
-	// Every byte written is counted, so that the heartbeat knows whether
-	// anything else went out during an interval without taking the write
-	// lock.
 	d.install(&g.readGen, &socketWriter{conn: conn, end: &g.genEnd, counts: &d.io,
 		sent: func(n int64) { g.sent.Add(uint64(n)) }})
 	go g.run(d, prev)
 }
 
-// heartbeater takes over heartbeats when the socket supports read
-// deadlines, which the drainer uses as its timer. Transports without them
-// (io.Pipe in tests) keep upstream's heartbeater.
+// heartbeater takes over heartbeats on a net.Conn (read deadlines as timer).
 func (d *drainConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	g := d.current()
 	if _, ok := g.conn.(net.Conn); !ok {
@@ -228,9 +146,7 @@ func (d *drainConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
 	return true
 }
 
-// run is the drainer goroutine of one generation. It starts once the
-// previous generation's has returned, reads until the generation ends, and
-// is the one place where the end of reading fails the connection.
+// run is the drainer goroutine, the one exit that fails the connection.
 func (g *drainGen) run(d *drainConn, prev *drainGen) {
 	defer close(g.done)
 	if prev != nil {
@@ -241,11 +157,7 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 	}
 }
 
-// loop reads and routes frames until reading must end. It returns the
-// error to fail the connection with, or nil when reading simply stops:
-// connection.close was routed (its close-ok and the teardown run off the
-// drainer), or the generation was ended on purpose (Close, the watchdog, a
-// failed write) and the read saw the socket closed.
+// loop reads and routes frames; nil after connection.close or a chosen end.
 func (g *drainGen) loop(d *drainConn) *Error {
 	split := newFrameSplitter(&d.c.maxFrameSize)
 	split.counts = &d.io
@@ -253,16 +165,12 @@ func (g *drainGen) loop(d *drainConn) *Error {
 	defer cr.release() // content cut short by the generation's end
 	deadliner, _ := g.conn.(net.Conn)
 	lastRecv := time.Now()
-	// dutyAt is when the heartbeat duty was last done (see
-	// heartbeatClock.window and piggyback); zero until heartbeats start.
-	var dutyAt time.Time
-
+	var dutyAt time.Time // last heartbeat duty (heartbeatClock); zero until heartbeats start
 	for {
 		if stop, err := d.routeFrames(g, cr, split, nil); stop {
 			return err
 		}
 		g.activity.wake()
-
 		hb := g.clock()
 		if over, below := d.budget.over(); over {
 			if resumed, err := g.pause(d, below, hb.interval); !resumed {
@@ -276,14 +184,14 @@ func (g *drainGen) loop(d *drainConn) *Error {
 			}
 			_ = deadliner.SetReadDeadline(hb.readDeadline(lastRecv, dutyAt))
 		}
-
 		n, err := split.fill(g.conn)
 		if n > 0 {
 			lastRecv = time.Now()
 			if hb.interval > 0 && hb.piggyback(dutyAt, lastRecv) {
-				if err := g.duty(d, hb, lastRecv, &dutyAt); err != nil {
+				if err := g.beat(d, hb.interval); err != nil {
 					return err
 				}
+				dutyAt = lastRecv
 			}
 		}
 		switch {
@@ -294,9 +202,10 @@ func (g *drainGen) loop(d *drainConn) *Error {
 				return err
 			}
 			if hb.dutyDue(dutyAt, now) {
-				if err := g.duty(d, hb, now, &dutyAt); err != nil {
+				if err := g.beat(d, hb.interval); err != nil {
 					return err
 				}
+				dutyAt = now
 			}
 		case g.isDead():
 			return nil // closed on purpose: Close, a watchdog, or a write error
@@ -306,30 +215,14 @@ func (g *drainGen) loop(d *drainConn) *Error {
 	}
 }
 
-// duty does the heartbeat duty at now (beat), and records it in dutyAt
-// unless it failed.
-func (g *drainGen) duty(d *drainConn, hb heartbeatClock, now time.Time, dutyAt *time.Time) *Error {
-	if err := g.beat(d, hb.interval); err != nil {
-		return err
-	}
-	*dutyAt = now
-	return nil
-}
-
-// route0 routes a frame of channel 0 (route), counted first: a caller
-// woken by this frame (a reply) must not take it for progress made after
-// its DrainEvents began.
+// route0 routes a channel-0 frame, counted first: a caller it wakes must
+// not take it for progress made after its DrainEvents began.
 func (g *drainGen) route0(f frame) (stop bool, err *Error) {
 	g.activity.frames.Add(1)
 	return g.d.route(g, f)
 }
 
-// endedInline is false: the drainer hands nothing on that ends the
-// generation on its goroutine (route stops after connection.close).
-func (g *drainGen) endedInline() bool { return false }
-
-// clock is the generation's heartbeat clock: a zero interval until tune
-// has set one.
+// clock is the heartbeat clock: a zero interval until tune has set one.
 func (g *drainGen) clock() heartbeatClock {
 	select {
 	case <-g.beatReady:
@@ -339,10 +232,7 @@ func (g *drainGen) clock() heartbeatClock {
 	}
 }
 
-// pause waits, without reading, until users have taken enough of what is
-// queued, sending heartbeats meanwhile. It reports false if the generation
-// ended while paused, with the error to fail the connection with if a
-// heartbeat could not be written.
+// pause waits, beating, until users took enough; false once g ended.
 func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Duration) (resumed bool, err *Error) {
 	d.pauseBegan()
 	defer d.pauseEnded()
@@ -369,26 +259,21 @@ func (g *drainGen) pause(d *drainConn, below <-chan struct{}, interval time.Dura
 // heartbeatBytes is a heartbeat frame on the wire (spec 4.2.7).
 var heartbeatBytes = []byte{frameHeartbeat, 0, 0, 0, 0, 0, 0, frameEnd}
 
-// beat sends a heartbeat if nothing was written since the last check. It
-// never waits for the write lock: a writer holding it is traffic, which
-// keeps the broker's timer alive just as well. It writes straight to the
-// socket, bounded by a write deadline, so that a broker that stopped
-// reading costs at most one interval and never corrupts the buffered
-// writer's state.
+// beat sends a heartbeat if nothing was written since the last check, never
+// waiting for sendM (its holder is traffic), under a write deadline.
 func (g *drainGen) beat(d *drainConn, interval time.Duration) *Error {
 	if sent := g.sent.Load(); sent != g.lastBeat {
 		g.lastBeat = sent
 		return nil
 	}
-	c := d.c
-	if !c.sendM.TryLock() {
+	if !d.c.sendM.TryLock() {
 		return nil
 	}
-	defer c.sendM.Unlock()
-	if bw, ok := c.writer.w.(*bufio.Writer); ok && bw.Buffered() > 0 {
+	defer d.c.sendM.Unlock()
+	if bw, ok := d.c.writer.w.(*bufio.Writer); ok && bw.Buffered() > 0 {
 		return nil // a publish is between frames: traffic is flowing
 	}
-	nc, ok := g.conn.(net.Conn)
+	nc, ok := g.conn.(net.Conn) // always, as heartbeater checked; never panic
 	if !ok {
 		return nil
 	}
@@ -398,25 +283,14 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) *Error {
 	g.sent.Add(uint64(n))
 	d.io.wrote(heartbeatBytes[:n]) // at a frame boundary: the buffer is empty
 	g.lastBeat = g.sent.Load()
-	switch {
-	case err == nil:
-		return nil
-	case n == 0 && errors.Is(err, errDeadline):
-		return nil // the broker is not reading: nothing was written, try later
-	default:
-		return &Error{Code: FrameError, Reason: fmt.Sprintf("writing a heartbeat: %v", err)}
+	if err == nil || n == 0 && errors.Is(err, errDeadline) {
+		return nil // nothing written at the deadline: the broker is not reading, try later
 	}
+	return &Error{Code: FrameError, Reason: fmt.Sprintf("writing a heartbeat: %v", err)}
 }
 
-// awaitReply waits for a reply, a channel error, or the end of the
-// generation (readMode.awaitReply), then looks for a reply that arrived
-// before the error or end that woke it. Channel-0 replies are queued by the
-// drainer itself, in frame order, and a channel error comes through the
-// channel's own dispatcher, after any reply before it: either way such a
-// reply is in rpc already. The end of the connection is not: connection.close,
-// or a failed read, overtakes the frames that channel dispatchers have
-// still to run, so a channel's caller waits (CloseTimeout at most) for them
-// to have run; nothing new is read after the end.
+// awaitReply is readMode.awaitReply. The end overtakes what dispatchers
+// still have to run, so a channel's caller waits for them (CloseTimeout).
 func (d *drainConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	g := d.current()
 	var err error
@@ -443,40 +317,32 @@ func (d *drainConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan m
 	}
 }
 
-// standInSend writes at once: nothing holds the socket across a read.
+// Simple hooks: route stops the drainer after connection.close, nothing
+// holds the socket across a read, and the drainer reads for everyone.
+func (g *drainGen) endedInline() bool                    { return false }
 func (d *drainConn) standInSend(send func() error) error { return send() }
-
-// nextReply only waits: the drainer reads.
+func (d *drainConn) consumerReader() consumerReader      { return nil }
 func (d *drainConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	return waitReply(ctx, errs, rpc)
 }
 
-// opened re-arms the read deadline that the end of the handshake cleared,
-// so the drainer never sits in a read without a deadline once heartbeats
-// are on (it may already have been in that read when the deadline went).
+// opened re-arms the read deadline the handshake's end cleared.
 func (d *drainConn) opened() {
 	g := d.current()
 	d.countOpened()
-	if nc, ok := g.conn.(net.Conn); ok {
-		if interval := g.clock().interval; interval > 0 {
+	if interval := g.clock().interval; interval > 0 {
+		if nc, ok := g.conn.(net.Conn); ok {
 			_ = nc.SetReadDeadline(time.Now().Add(interval))
 		}
 	}
 }
 
-// flush is shutdown's flush hook: the notifications of frames read before
-// the end reach their listeners before upstream's teardown sends NotifyClose
-// and closes the listener chans, as upstream's reader would have handed
-// them over before it saw the end. It waits until the close's deadline
-// (Close's, or CloseTimeout from now after a failure); what is still
-// queued then is dropped, so a listener nobody reads delays the teardown
-// by that much at most.
+// flush lets what was read before the end reach the listeners before the
+// teardown closes them, until Close's deadline (else CloseTimeout from now).
 func (d *drainConn) flush() {
 	deadline, ok := d.closeDeadline()
 	if !ok || !d.isCalled() {
-		// A failure, or the library's own close after a protocol error
-		// (which recovery may follow, with a stale deadline).
-		deadline = time.Now().Add(d.opts.CloseTimeout)
+		deadline = time.Now().Add(d.opts.CloseTimeout) // recovery may follow, with a stale deadline
 	}
 	if d.jobs.waitIdle(deadline) && d.work.waitIdle(deadline) {
 		return
@@ -498,26 +364,16 @@ func (d *drainConn) drainEvents(ctx context.Context) error {
 	seen := g.activity.frames.Load()
 	select {
 	case <-d.calledC:
-		return ErrClosedIntentionally
 	case <-g.dead:
-		return d.waitErr(&g.genEnd)
 	default:
-	}
-	err := g.activity.waitFrames(ctx, seen, g.dead, d.calledC)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, errEnded):
-		select {
-		case <-d.calledC:
-			return ErrClosedIntentionally
-		default:
-			return d.waitErr(&g.genEnd)
+		if err := g.activity.waitFrames(ctx, seen, g.dead, d.calledC); !errors.Is(err, errEnded) {
+			return err
 		}
+	}
+	select {
+	case <-d.calledC:
+		return ErrClosedIntentionally
 	default:
-		return err
+		return d.waitErr(&g.genEnd)
 	}
 }
-
-// consumerReader is nil: the drainer reads for every ConsumeFunc.
-func (d *drainConn) consumerReader() consumerReader { return nil }

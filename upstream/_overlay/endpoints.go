@@ -1,14 +1,11 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
 // Endpoint lists: a connection that knows several URLs of one cluster
-// recovers onto the next of them rather than redialling the URL it was
-// first dialled with. The hooks in Reconnect
+// recovers onto the next of them. Reconnect's hooks
 // (0002-recovery-endpoints.patch) are recoveryEndpoint and
-// endpointCredentials; with Config.Endpoints nil both reduce to upstream's
-// statements.
+// endpointCredentials; with Config.Endpoints nil both are upstream's code.
 
 import (
 	"crypto/tls"
@@ -30,25 +27,18 @@ const (
 	// preference order (primary first, then the fallbacks).
 	InOrder EndpointOrder = iota
 	// RoundRobin starts a pass after the endpoint handed out last, so
-	// successive recoveries, and connections sharing one list, spread
-	// over the cluster.
+	// recoveries, and connections sharing a list, spread over the cluster.
 	RoundRobin
-	// Shuffle draws a new random permutation of the endpoints for every
-	// pass.
+	// Shuffle draws a new random permutation for every pass.
 	Shuffle
 )
 
 // String returns "in-order", "round-robin" or "shuffle".
 func (o EndpointOrder) String() string {
-	switch o {
-	case InOrder:
-		return "in-order"
-	case RoundRobin:
-		return "round-robin"
-	case Shuffle:
-		return "shuffle"
+	if o < InOrder || o > Shuffle {
+		return fmt.Sprintf("EndpointOrder(%d)", int(o))
 	}
-	return fmt.Sprintf("EndpointOrder(%d)", int(o))
+	return [...]string{"in-order", "round-robin", "shuffle"}[o]
 }
 
 // Endpoint is one address of a cluster: an AMQP URI and the TLS
@@ -56,11 +46,10 @@ func (o EndpointOrder) String() string {
 type Endpoint struct {
 	// URL is an AMQP URI, as Dial takes (amqp:// or amqps://).
 	URL string
-	// TLS is used for this endpoint's TLS handshake when URL is amqps.
-	// Nil means the configuration upstream's DialConfig derives from the
-	// URI (its cacertfile, certfile, keyfile and server_name_indication
-	// parameters, or the system roots). An empty ServerName is set to the
-	// URI's host. Ignored for amqp:// URLs.
+	// TLS is the TLS configuration for an amqps URL (ignored for amqp://).
+	// Nil means the one upstream's DialConfig derives from the URI (its
+	// cacertfile, certfile, keyfile and server_name_indication parameters,
+	// or the system roots). An empty ServerName is set to the URI's host.
 	TLS *tls.Config
 }
 
@@ -68,25 +57,18 @@ type Endpoint struct {
 var ErrNoEndpoints = errors.New("amqp091: an endpoint list needs at least one endpoint")
 
 // Endpoints is an ordered list of a cluster's endpoints that a Connection
-// recovers onto: when Config.Endpoints is set and automatic recovery
-// (Config.Recovery) is enabled, each attempt of Connection.Reconnect dials
-// the next endpoint of the list, with that endpoint's own TLS
-// configuration, instead of the URL the connection was dialled with. A
-// recovery starts a new pass (Reset, EndpointOrder); upstream's backoff
-// between attempts (ReconnectionConfig.RetryInterval plus up to 500 ms of
-// jitter) and its MaxRetryCount apply unchanged.
-//
-// Credentials: when the connection's SASL came from its URL (the caller
-// configured no Config.SASL, or exactly the URL's), a recovery
-// authenticates with the credentials of the URL of the endpoint it dials;
-// SASL the caller configured is restored as upstream restores it. Either
-// gives way to Config.Credentials, and with safe recovery the secret of the
-// last UpdateSecret replaces the password (credentials.go). The
-// vhost, heartbeat and channel_max are the connection's Config, fixed at
-// the first dial, so every endpoint must name the same vhost.
-//
-// An Endpoints is safe for concurrent use. Connections that share one
-// list share its position.
+// recovers onto: with Config.Endpoints set and automatic recovery
+// (Config.Recovery) enabled, each attempt of Connection.Reconnect dials the
+// list's next endpoint, with its TLS configuration, instead of the URL
+// first dialled. A recovery starts a new pass (Reset); upstream's backoff
+// and MaxRetryCount apply unchanged. When the connection's SASL came from
+// its URL (no Config.SASL, or exactly the URL's), a recovery logs in with
+// the credentials of the URL it dials; configured SASL is restored as
+// upstream does. Config.Credentials overrides either, and with safe
+// recovery the last UpdateSecret's secret replaces the password
+// (credentials.go). The vhost, heartbeat and channel_max are fixed at the
+// first dial, so all endpoints name one vhost. An Endpoints is safe for
+// concurrent use; connections sharing one list share its position.
 type Endpoints struct {
 	order EndpointOrder
 	eps   []endpoint
@@ -106,11 +88,10 @@ type endpoint struct {
 }
 
 // NewEndpoints validates a list of endpoints and returns it with the given
-// order. Every URL must parse (ParseURI), its amqps TLS configuration
-// must be buildable (a cacertfile, certfile or keyfile that cannot be read
-// is an error now, not at recovery), and all must name the same vhost,
-// since the connection keeps one. The TLS configurations are copied: a
-// later change to one is not seen.
+// order. Every URL must parse (ParseURI), an amqps TLS configuration must
+// be buildable (an unreadable cacertfile, certfile or keyfile is an error
+// now, not at recovery), and all must name the same vhost. The TLS
+// configurations are copied: later changes to them are not seen.
 func NewEndpoints(order EndpointOrder, endpoints ...Endpoint) (*Endpoints, error) {
 	if order < InOrder || order > Shuffle {
 		return nil, fmt.Errorf("amqp091: unknown endpoint order %v", order)
@@ -118,7 +99,8 @@ func NewEndpoints(order EndpointOrder, endpoints ...Endpoint) (*Endpoints, error
 	if len(endpoints) == 0 {
 		return nil, ErrNoEndpoints
 	}
-	e := &Endpoints{order: order, eps: make([]endpoint, len(endpoints)), last: -1, rand: rand.Perm}
+	n := len(endpoints)
+	e := &Endpoints{order: order, eps: make([]endpoint, n), perm: make([]int, n), pos: n, last: -1, rand: rand.Perm}
 	for i, ep := range endpoints {
 		uri, err := ParseURI(ep.URL)
 		if err != nil {
@@ -141,7 +123,6 @@ func NewEndpoints(order EndpointOrder, endpoints ...Endpoint) (*Endpoints, error
 		}
 		e.eps[i] = endpoint{Endpoint: ep, uri: uri, tls: tc}
 	}
-	e.pos = len(e.eps)
 	return e, nil
 }
 
@@ -160,11 +141,11 @@ func (e *Endpoints) All() []Endpoint {
 	return all
 }
 
-// Next returns the next endpoint of the current pass, as it was given to
-// NewEndpoints (its TLS is the caller's pointer). When a pass is over,
-// the next one starts: InOrder at the first endpoint, RoundRobin after the
-// endpoint returned last, Shuffle with a new permutation. So n calls in a
-// row return each of n endpoints once, and calls go on cycling for ever.
+// Next returns the next endpoint of the current pass, as given to
+// NewEndpoints (its TLS is the caller's pointer). When a pass is over the
+// next starts: InOrder at the first endpoint, RoundRobin after the one
+// returned last, Shuffle with a new permutation. So n calls in a row
+// return each of n endpoints once, and calls cycle for ever.
 func (e *Endpoints) Next() Endpoint { return e.next().Endpoint }
 
 // Reset ends the current pass: the next call to Next starts a new one.
@@ -181,16 +162,12 @@ func (e *Endpoints) next() *endpoint {
 	defer e.mu.Unlock()
 	n := len(e.eps)
 	if e.pos >= n {
-		switch e.order {
-		case Shuffle:
+		if e.order == Shuffle {
 			e.perm = e.rand(n)
-		default:
+		} else {
 			start := 0
 			if e.order == RoundRobin {
 				start = e.last + 1
-			}
-			if e.perm == nil {
-				e.perm = make([]int, n)
 			}
 			for i := range e.perm {
 				e.perm[i] = (start + i) % n
@@ -204,11 +181,10 @@ func (e *Endpoints) next() *endpoint {
 	return &e.eps[i]
 }
 
-// recoveryEndpoint is Reconnect's hook for the address of attempt (0 for
-// the first attempt of a recovery): without an endpoint list it is
-// upstream's ParseURI(c.url) and Config.TLSClientConfig; with one, the
-// first attempt starts a new pass and every attempt takes the list's next
-// endpoint, with its own TLS configuration.
+// recoveryEndpoint is Reconnect's hook for the address of attempt (0 is a
+// recovery's first): without a list, upstream's ParseURI(c.url) and
+// Config.TLSClientConfig; with one, the first attempt starts a new pass
+// and each takes the next endpoint, with its own TLS configuration.
 func (c *Connection) recoveryEndpoint(attempt int) (URI, *tls.Config, error) {
 	eps := c.Config.Endpoints
 	if eps == nil {
@@ -223,12 +199,11 @@ func (c *Connection) recoveryEndpoint(attempt int) (URI, *tls.Config, error) {
 	return ep.uri, ep.tls, nil
 }
 
-// endpointCredentials is Reconnect's hook for SASL: with an endpoint list,
-// and a connection whose SASL is what upstream's setSASL derives from the
-// URL it was dialled with (the caller configured none, or the very same),
-// a recovery takes the credentials of the URL of the endpoint it dials
-// rather than restoring the first URL's. Without a list it is false, and
-// upstream restores the SASL captured at Open.
+// endpointCredentials is Reconnect's hook for SASL: true with a list when
+// c's SASL is what upstream's setSASL derives from the URL first dialled
+// (none configured, or the same), so that a recovery logs in with the
+// dialled endpoint's URL. False otherwise: upstream restores the SASL
+// captured at Open.
 func (c *Connection) endpointCredentials() bool {
 	if c.Config.Endpoints == nil {
 		return false

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -9,28 +8,14 @@ import (
 	"sync"
 )
 
-// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes of one
-// connection that arrive while another publish is being written go out
-// together, in the next write: a group commit. It is an option because it
-// trades latency for system calls: a publisher that joins a batch parks
-// until the batch is written, where one that found the write lock free
-// would have written at once.
-//
-// Upstream writes and flushes each publish on its own, one system call per
-// message however many goroutines publish at once. Here one publisher at a
-// time writes (the leader); publishers arriving meanwhile add their frames
-// to the next batch and wait. When the leader's write is done it hands the
-// next batch to the publisher that started it, which writes the whole
-// batch in one writev, and so on. Each publish still returns only once
-// its frames are written, with the error of the write that carried them,
-// as upstream's does; a publisher waits for at most the write in progress
-// and its own batch's; a lone publisher never waits for anyone and
-// allocates nothing. Frames of other writers (upstream's write path:
-// acks, RPCs) still go through c.sendM, as before, between batches.
+// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a
+// write go out together in the next (a group commit), trading latency for system calls:
+// they join the next batch, which its first publisher writes in one writev when the write
+// before ends. A publish returns once written, with its write's error, as upstream's; a
+// lone publisher never waits and allocates nothing. Other frames (acks, RPCs) go through
+// c.sendM between batches.
 
-// groupMaxVecs bounds the buffers of one writev, under Linux's IOV_MAX
-// (1024): a batch larger than this is written in several.
-const groupMaxVecs = 1000
+const groupMaxVecs = 1000 // buffers a writev, under Linux's IOV_MAX (1024)
 
 // writeGroup is a connection's group commit.
 type writeGroup struct {
@@ -39,25 +24,20 @@ type writeGroup struct {
 	next    *groupBatch // the frames waiting for the write in progress
 }
 
-// groupBatch is the frames of the publishers that arrived during one
-// write. Its first publisher writes it when its turn comes.
+// groupBatch is the frames of the publishers that arrived during one write.
 type groupBatch struct {
-	vecs  net.Buffers
-	n     int           // publishes in it
-	turn  chan struct{} // closed when the first publisher is to write it
-	done  chan struct{} // closed once written, err set
-	err   error
-	wrote net.Buffers // vecs as written (writeVectors consumes them)
+	vecs, wrote net.Buffers   // wrote: vecs as written (writeVectors consumes it)
+	n           int           // publishes in it
+	turn, done  chan struct{} // closed: turn when it may be written, done once it is (err set)
+	err         error
 }
 
-// writePublishGrouped writes pb's frames through the group commit, and
-// returns once they are written, with the error of the write that
-// carried them. The caller holds ch.m, not c.sendM.
+// writePublishGrouped writes pb through the group commit, returning the error of the
+// write that carried it. The caller holds ch.m, not c.sendM.
 func (c *Connection) writePublishGrouped(pb *publishBuf) error {
 	g := &c.rp.base().group
 	g.mu.Lock()
-	if !g.writing {
-		// Nobody writes: write alone, as upstream.
+	if !g.writing { // nobody writes: write alone, as upstream
 		g.writing = true
 		g.mu.Unlock()
 		c.sendM.Lock()
@@ -75,7 +55,6 @@ func (c *Connection) writePublishGrouped(pb *publishBuf) error {
 	b.vecs = append(b.vecs, pb.vecs...)
 	b.n++
 	g.mu.Unlock()
-
 	if !first {
 		c.rp.base().io.coalesced.Add(1)
 		<-b.done
@@ -90,8 +69,7 @@ func (c *Connection) writePublishGrouped(pb *publishBuf) error {
 	return b.err
 }
 
-// handOn ends a leader's turn: the batch that gathered during its write is
-// written next, by its first publisher; with none, nobody writes.
+// handOn ends a leader's turn: the next batch's first publisher, if any, writes next.
 func (g *writeGroup) handOn() {
 	g.mu.Lock()
 	b := g.next
@@ -103,8 +81,7 @@ func (g *writeGroup) handOn() {
 	}
 }
 
-// writeBatch writes a batch's frames after whatever upstream's write path
-// left buffered, as writePublish writes one publish's. Under c.sendM.
+// writeBatch writes b as writePublish writes a publish, groupMaxVecs a writev; c.sendM held.
 func (c *Connection) writeBatch(b *groupBatch) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
 	if buf != nil {
@@ -126,6 +103,5 @@ func (c *Connection) writeBatch(b *groupBatch) error {
 		}
 		return nil
 	}
-	// Another writer (a generation being replaced): as upstream writes.
-	return c.writeThrough(b.vecs, buf)
+	return c.writeThrough(b.vecs, buf) // a generation being replaced
 }

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -10,21 +9,17 @@ import (
 	"sync/atomic"
 )
 
-// ioCounters are a connection's byte and frame counts for Stats, across
-// its generations. The reader adds to the read side once per socket read
-// and once per frame; writers add under the connection's write lock.
+// ioCounters are a connection's byte and frame counts for Stats, across its
+// generations. The reader adds per socket read and per frame; writers add
+// under the connection's write lock, counting frames from the bytes.
 type ioCounters struct {
 	bytesIn, framesIn   atomic.Uint64
 	bytesOut, framesOut atomic.Uint64
-	writes              atomic.Uint64 // socketWriter writes: a write or writev system call each
-	coalesced           atomic.Uint64 // publishes written by another publisher (groupcommit.go)
-
-	// Frames out are counted by following the frame boundaries of the
-	// written stream: upstream's writer hands the socket bytes, not frames.
-	tallyM sync.Mutex
-	tally  frameTally
-
-	settled func(SettleInfo) // the Observer's Settled hook, set before any write
+	writes              atomic.Uint64    // socketWriter writes: a write or writev system call each
+	coalesced           atomic.Uint64    // publishes written by another publisher (groupcommit.go)
+	tallyM              sync.Mutex       // guards tally
+	tally               frameTally       // frames out
+	settled             func(SettleInfo) // the Observer's Settled hook, set before any write
 }
 
 // wrote counts p, written to the socket as part of the frame stream.
@@ -39,9 +34,8 @@ func (c *ioCounters) wrote(p []byte) {
 	c.framesOut.Add(n)
 }
 
-// writingVectors counts the frames of v, about to be written whole:
-// WriteTo consumes v's buffers, so they cannot be counted after. A write
-// that fails ends the connection, so a miscount then does not matter.
+// writingVectors counts v's frames before the write that consumes v (a
+// failed write ends the connection: a miscount then does not matter).
 func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Lock()
 	var n uint64
@@ -55,9 +49,7 @@ func (c *ioCounters) writingVectors(v net.Buffers) {
 // wroteBytes counts n bytes written by writingVectors' write.
 func (c *ioCounters) wroteBytes(n int64) { c.bytesOut.Add(uint64(n)) }
 
-// restart begins the stream of a new connection generation, which opens
-// with the protocol header again; the last generation may have ended in
-// the middle of a frame.
+// restart begins a new generation's stream, which opens with the protocol header again.
 func (c *ioCounters) restart() {
 	c.tallyM.Lock()
 	c.tally = frameTally{}
@@ -71,32 +63,22 @@ func (c *ioCounters) fill(s *Stats) {
 	s.Writes, s.CoalescedPublishes = c.writes.Load(), c.coalesced.Load()
 }
 
-// frameTally follows frame boundaries in a byte stream: each frame is a
-// 7-byte header (type, channel, payload size), the payload and a
-// frame-end octet (spec 4.2.3). While it follows them it can read the
-// start of method frames: the Observer's Settled hook learns of the
-// application's basic.ack, basic.nack and basic.reject there, from the
-// bytes that went out, however the application sent them.
+// frameTally follows a byte stream's frame boundaries (spec 4.2.3) and reads method frames'
+// starts, so the Observer's Settled hears of every basic.ack, nack and reject, however sent.
 type frameTally struct {
-	started bool // the stream's first byte was seen
-	skip    int  // protocol header bytes still to skip
-
-	hdr  [7]byte
-	have int    // header bytes seen of the current frame
-	left uint64 // payload and frame-end bytes still to skip
-
+	started   bool             // the stream's first byte was seen
+	skip      int              // protocol header bytes still to skip
+	hdr       [7]byte          // type, channel, payload size
+	have      int              // header bytes seen of the current frame
+	left      uint64           // payload and frame-end bytes still to skip
 	want, got int              // of the payload's first bytes to keep
 	args      [settleArgs]byte // class, method, delivery tag, bits
 }
 
-// settleArgs is the length of the start of a basic.ack, basic.nack or
-// basic.reject payload that says everything about it: class-id and
-// method-id (2 octets each), delivery-tag (8), one octet of bits.
-const settleArgs = 13
+const settleArgs = 13 // an ack, nack or reject's class and method ids (2 each), tag (8), bits (1)
 
-// feed consumes p and returns how many frames ended in it. The protocol
-// header that opens the stream ("AMQP" and four octets) is not a frame:
-// it is skipped. settled, if not nil, hears of every acknowledgement in p.
+// feed consumes p, after the protocol header that opens the stream, and returns how many
+// frames ended in it; settled, if not nil, hears of every acknowledgement in p.
 func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 	if !t.started && len(p) > 0 {
 		t.started = true
@@ -104,12 +86,8 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 			t.skip = len(amqpHeader)
 		}
 	}
-	if t.skip > 0 {
-		n := t.skip
-		if len(p) < n {
-			n = len(p)
-		}
-		p, t.skip = p[n:], t.skip-n
+	for ; t.skip > 0 && len(p) > 0; t.skip-- {
+		p = p[1:]
 	}
 	for len(p) > 0 {
 		if t.left > 0 {
@@ -119,15 +97,12 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 					t.settle(settled)
 				}
 			}
-			skip := t.left
-			if uint64(len(p)) < skip {
-				skip = uint64(len(p))
+			if uint64(len(p)) < t.left {
+				t.left -= uint64(len(p))
+				break
 			}
-			p = p[skip:]
-			t.left -= skip
-			if t.left == 0 {
-				frames++
-			}
+			p, t.left = p[t.left:], 0
+			frames++
 			continue
 		}
 		n := copy(t.hdr[t.have:], p)
@@ -146,8 +121,7 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 	return frames
 }
 
-// settle reports the method whose start is in t.args, if it settles a
-// delivery.
+// settle reports the method in t.args if it settles a delivery.
 func (t *frameTally) settle(settled func(SettleInfo)) {
 	if binary.BigEndian.Uint16(t.args[0:2]) != 60 { // basic
 		return

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -8,105 +7,49 @@ import (
 	"time"
 )
 
-// Observer hooks.
-//
-// An Observer is a set of funcs that the drainer and legacy read paths call
-// from their fast paths: the publish path, the dispatch of confirms and
-// deliveries, ConsumeFunc, the acknowledgements, the RPC waits, the budget
-// and the connection's life. Every field may be nil; a nil field costs one
-// nil check, so a connection without an Observer keeps the fast paths'
-// allocations (0 per publish, 2 per delivery). The funcs receive values or
-// pointers to what the read path already holds, so calling them allocates
-// nothing either.
-//
-// The funcs run on the goroutine that does the work (the publisher, the
-// channel's dispatcher, the reader): they must be quick, must not block and
-// must not call back into the connection. They must not keep or modify the
-// pointers they receive beyond the call, except where a field's comment
-// says otherwise.
-//
-// Upstream mode (no read path) calls no Observer: its code paths stay
-// upstream's.
+// Observer is a set of hooks the drainer and legacy read paths call from
+// their fast paths (upstream mode calls none). A nil field costs a nil
+// check, so without an Observer the fast paths keep their allocations (0 per
+// publish, 2 per delivery); hooks get what the read path holds, so calling
+// them allocates nothing. Hooks run on the goroutine doing the work: they
+// must be quick, must not block or call back into the connection, nor keep
+// or modify what they get beyond the call.
 type Observer struct {
-	// BeforePublish runs before a message is encoded, with the ctx of
-	// PublishWithContext or PublishWithDeferredConfirmWithContext (the
-	// fast path; the older Publish and PublishWithDeferredConfirm run
-	// upstream's code and are not observed). msg is a copy of the
-	// caller's Publishing, valid during the call only: BeforePublish may
-	// set msg.Headers to a new Table (to inject trace context, say), but
-	// must not modify the caller's Table in place: copy it. The context it
-	// returns is passed to Published; returning ctx is fine.
+	// BeforePublish runs before encoding, with the ctx of PublishWithContext or
+	// PublishWithDeferredConfirmWithContext (the older methods are not observed).
+	// msg is a copy valid during the call: it may set msg.Headers to a new Table
+	// (trace context) but not modify the caller's. Its result (ctx is fine) goes to Published.
 	BeforePublish func(ctx context.Context, info PublishInfo, msg *Publishing) context.Context
-
-	// Published runs once the message is written (err nil) or failed
-	// (err is what the publish returns), with BeforePublish's context.
-	// info.DeliveryTag is set in confirm mode.
-	Published func(ctx context.Context, info PublishInfo, err error)
-
-	// Confirmed runs for every publish the broker confirms, one call per
-	// delivery tag even when the broker acks several at once, in tag
-	// order, as the confirm arrives. Only the fast path's publishes (see
-	// BeforePublish) are timed, and a confirm of several tags reports the
-	// timed ones only: a channel that also uses the older methods gets no
-	// report for those, nor for the timed tags before one of them.
+	Published     func(ctx context.Context, info PublishInfo, err error) // written (err nil) or failed; BeforePublish's ctx
+	// Confirmed runs as confirms arrive, once per tag in order. Only publishes BeforePublish
+	// would see are timed; a multiple confirm reports those, not any sent before an untimed one.
 	Confirmed func(ConfirmInfo)
-
-	// Returned runs for every basic.return, as it arrives.
-	Returned func(*Return)
-
-	// Delivered runs for every delivery to a consumer (basic.deliver) as
-	// it is handed to its consumer, in order after its channel's earlier
-	// frames, before it waits for the application. Get's basic.get-ok is
-	// not reported.
+	Returned  func(*Return) // for every basic.return, as it arrives
+	// Delivered runs for every basic.deliver (not basic.get-ok) as it is
+	// handed to its consumer, in channel order, before it waits for the application.
 	Delivered func(*Delivery)
-
-	// Handled runs when a ConsumeFunc handler returns, with its error and
-	// how long it ran.
-	Handled func(d *Delivery, took time.Duration, err error)
-
-	// Settled runs when a basic.ack, basic.nack or basic.reject of the
-	// application (Channel.Ack, Nack, Reject, Delivery's methods) has
-	// been written to the socket. It is read off the written frames, so
-	// upstream's Channel needs no hook; a write that fails ends the
-	// connection instead, and the caller gets the error. Its DeliveryTag
-	// is therefore the broker's, as written: after a recovery, the
-	// application's tag less its generation's offset (recoverytags.go).
+	Handled   func(d *Delivery, took time.Duration, err error) // a ConsumeFunc handler returned
+	// Settled runs once an application basic.ack, nack or reject is written (a
+	// failed write ends the connection). Read off the frames, its DeliveryTag is
+	// the broker's: after a recovery, the application's less its offset (recoverytags.go).
 	Settled func(SettleInfo)
-	// SettleRefused runs when Channel.Ack, Nack or Reject refuses a tag
-	// and sends nothing (recoverytags.go): err wraps ErrStaleDelivery for
-	// a delivery received before its channel recovered, and
-	// ErrUnknownDeliveryTag for a tag the channel never handed out. Its
-	// DeliveryTag is the application's, as passed to Ack.
-	SettleRefused func(info SettleInfo, err error)
-
-	// RPC runs when a synchronous method (QueueDeclare, Qos, Channel, the
-	// handshake's connection methods, ...) has its reply or failed.
-	RPC func(RPCInfo)
-
-	// BudgetPaused runs when the drainer stops reading the socket because
-	// the budget is full, and BudgetResumed when it reads again.
-	BudgetPaused  func(BudgetInfo)
-	BudgetResumed func(BudgetInfo)
-
-	// ListenerDropped runs when the stall policy
-	// (DrainerOptions.DropStalledListener) closed a listener.
-	ListenerDropped func(ListenerStats)
-
-	// Connection runs when a connection generation opens (the first one,
-	// or one that automatic recovery or Reconnect opened), and when the
-	// connection closes or fails.
-	Connection func(ConnectionEvent)
+	// SettleRefused runs when Ack, Nack or Reject refuses a tag and sends
+	// nothing: err wraps ErrStaleDelivery (delivered before its channel
+	// recovered) or ErrUnknownDeliveryTag. Its DeliveryTag is the application's.
+	SettleRefused               func(info SettleInfo, err error)
+	RPC                         func(RPCInfo)         // a synchronous method (the handshake's too) has its reply or failed
+	BudgetPaused, BudgetResumed func(BudgetInfo)      // the drainer stopped reading for a full budget; it reads again
+	ListenerDropped             func(ListenerStats)   // the stall policy (DrainerOptions.DropStalledListener) closed one
+	Connection                  func(ConnectionEvent) // a generation opened (also by recovery or Reconnect), or the end
 }
 
-// PublishInfo describes one publish to Observer.BeforePublish and
-// Observer.Published.
+// PublishInfo describes one publish to BeforePublish and Published.
 type PublishInfo struct {
-	Channel     uint16
-	Exchange    string
-	RoutingKey  string
-	Mandatory   bool
-	DeliveryTag uint64 // its delivery tag in confirm mode (set for Published), else 0
-	BodySize    int
+	Channel              uint16
+	Exchange, RoutingKey string
+	Mandatory            bool
+	DeliveryTag          uint64 // its delivery tag in confirm mode (set for Published), else 0
+	BodySize             int
 }
 
 // ConfirmInfo describes one confirmed publish.
@@ -127,26 +70,23 @@ const (
 	SettleReject
 )
 
-// String returns "ack", "nack" or "reject".
-func (k SettleKind) String() string {
-	switch k {
-	case SettleAck:
-		return "ack"
-	case SettleNack:
-		return "nack"
-	case SettleReject:
-		return "reject"
+// String returns "ack", "nack", "reject" or "unknown".
+func (k SettleKind) String() string { return kindName(k, "ack", "nack", "reject") }
+
+// kindName is names[k-1] for the kinds numbered from 1, else "unknown".
+func kindName[K ~uint8](k K, names ...string) string {
+	if k < 1 || int(k) > len(names) {
+		return "unknown"
 	}
-	return "unknown"
+	return names[k-1]
 }
 
 // SettleInfo describes one Ack, Nack or Reject.
 type SettleInfo struct {
-	Kind        SettleKind
-	Channel     uint16
-	DeliveryTag uint64
-	Multiple    bool
-	Requeue     bool
+	Kind              SettleKind
+	Channel           uint16
+	DeliveryTag       uint64
+	Multiple, Requeue bool
 }
 
 // RPCInfo describes one synchronous method.
@@ -159,11 +99,9 @@ type RPCInfo struct {
 
 // BudgetInfo describes a pause or resume of the drainer's reading.
 type BudgetInfo struct {
-	Limit  int64         // the budget
-	Used   int64         // bytes waiting for users
-	Paused time.Duration // for BudgetResumed: how long reading paused
-	// Holder is the biggest holder of the budget when the pause began.
-	Holder ListenerStats
+	Limit, Used int64         // the budget, and the bytes waiting for users
+	Paused      time.Duration // for BudgetResumed: how long reading paused
+	Holder      ListenerStats // the budget's biggest holder when the pause began
 }
 
 // ConnectionEventKind says what happened to a connection.
@@ -177,19 +115,9 @@ const (
 	ConnectionFailed                                   // closed by the broker or by a failure
 )
 
-// String names the kind: "opened", "recovered", "closed", "failed".
+// String returns "opened", "recovered", "closed", "failed" or "unknown".
 func (k ConnectionEventKind) String() string {
-	switch k {
-	case ConnectionOpened:
-		return "opened"
-	case ConnectionRecovered:
-		return "recovered"
-	case ConnectionClosed:
-		return "closed"
-	case ConnectionFailed:
-		return "failed"
-	}
-	return "unknown"
+	return kindName(k, "opened", "recovered", "closed", "failed")
 }
 
 // ConnectionEvent describes a change in a connection's life.

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -9,36 +8,26 @@ import (
 	"time"
 )
 
-// The Observer's (observe.go) publish, confirm, RPC and connection hooks,
-// and the confirm clock. The others are called where their work is done:
-// Delivered in inbox.go, Handled in consumefunc.go, Settled through
-// iocount.go, SettleRefused in recoverytags.go, the budget's and
-// ListenerDropped in watch.go. Every call starts with a nil check, so
-// without an Observer the fast paths are what they were.
+// The Observer's publish, confirm, RPC and connection hooks; the others are in inbox.go,
+// consumefunc.go, iocount.go (Settled), recoverytags.go and watch.go.
 
-// confirmClock is when each unconfirmed publish of one channel was sent,
-// for ConfirmInfo.Latency. The read path keeps one per channel id
-// (confirmClocks) while its Observer has a Confirmed hook; the Channel
-// holds no state of its own, so upstream's Channel is unchanged.
+// confirmClock is when each unconfirmed publish of a channel was sent, for
+// ConfirmInfo.Latency; the read path keeps it per channel id, not Channel.
 type confirmClock struct {
-	obs *Observer
-
-	mu   sync.Mutex
-	base uint64  // delivery tag of sent[head]
-	sent []int64 // monoNow when each tag from base was sent; 0 once confirmed
+	obs  *Observer
+	mu   sync.Mutex // guards base, sent and head
+	base uint64     // delivery tag of sent[head]
+	sent []int64    // monoNow when each tag from base was sent; 0 once confirmed
 	head int
 }
 
-// confirmClocks holds a connection's confirm clocks by channel id. A
-// channel id that is reused starts its tags at 1 again, which restarts its
-// clock (sending).
+// confirmClocks holds the clocks by channel id; a reused id restarts at tag 1 (sending).
 type confirmClocks struct {
 	mu sync.Mutex
 	m  map[uint16]*confirmClock
 }
 
-// clock returns channel id's clock, made on first use, or nil when obs
-// has no Confirmed hook.
+// clock returns id's clock, made on first use; nil without obs.Confirmed.
 func (s *confirmClocks) clock(obs *Observer, id uint16) *confirmClock {
 	if obs == nil || obs.Confirmed == nil {
 		return nil
@@ -64,8 +53,7 @@ func (c *Connection) obsOf() *Observer {
 	return c.rp.base().obs
 }
 
-// clockOf is the confirm clock of channel ch, or nil when nobody asks for
-// confirm latencies.
+// clockOf is ch's confirm clock, or nil when nobody asks for latencies.
 func (ch *Channel) clockOf() *confirmClock {
 	c := ch.connection
 	if c == nil || c.rp == nil {
@@ -74,9 +62,8 @@ func (ch *Channel) clockOf() *confirmClock {
 	return c.rp.base().clockOf(ch.id)
 }
 
-// sending records that tag is about to be written. Tags grow by one per
-// publish; a tag that does not follow the last one (the channel was
-// reopened by recovery, whose tags start again at 1) starts afresh.
+// sending records that tag is about to be written; one that does not follow
+// the last (a channel reopened by recovery starts at 1) starts afresh.
 func (o *confirmClock) sending(tag uint64) {
 	now := monoNow()
 	o.mu.Lock()
@@ -101,24 +88,16 @@ func (o *confirmClock) unsent(tag uint64) {
 	}
 }
 
-// confirmed reports the broker's ack or nack of tag (and of every earlier
-// tag, if multiple), one Confirmed call per tag, in tag order.
+// confirmed reports the ack or nack of tag (and earlier ones if multiple), one Confirmed call per tag, in order.
 func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool) {
 	f := o.obs.Confirmed
 	now := monoNow()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	emit := func(i int) {
-		if at := o.sent[i]; at != 0 {
-			o.sent[i] = 0
-			f(ConfirmInfo{Channel: channel, DeliveryTag: o.base + uint64(i-o.head), Ack: ack, Latency: time.Duration(now - at)})
-		}
-	}
 	n := len(o.sent) - o.head
 	if tag < o.base || tag >= o.base+uint64(n) {
 		if !multiple {
-			// Not sent through the fast path (or already confirmed):
-			// still reported, without a latency.
+			// Not timed (or already confirmed): reported without latency.
 			f(ConfirmInfo{Channel: channel, DeliveryTag: tag, Ack: ack})
 			return
 		}
@@ -127,38 +106,33 @@ func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool)
 		}
 		tag = o.base + uint64(n) - 1
 	}
-	last := o.head + int(tag-o.base)
-	if multiple {
-		for i := o.head; i <= last; i++ {
-			emit(i)
-		}
-	} else {
-		emit(last)
+	first, last := o.head, o.head+int(tag-o.base)
+	if !multiple {
+		first = last
 	}
-	// Drop the confirmed prefix.
-	for o.head < len(o.sent) && o.sent[o.head] == 0 {
-		o.head++
-		o.base++
+	for i := first; i <= last; i++ {
+		if at := o.sent[i]; at != 0 {
+			o.sent[i] = 0
+			f(ConfirmInfo{Channel: channel, DeliveryTag: o.base + uint64(i-o.head), Ack: ack, Latency: time.Duration(now - at)})
+		}
+	}
+	for o.head < len(o.sent) && o.sent[o.head] == 0 { // drop the confirmed prefix
+		o.head, o.base = o.head+1, o.base+1
 	}
 	if o.head == len(o.sent) {
 		o.sent, o.head = o.sent[:0], 0
 	}
 }
 
-// publishObserved is publishFast with the Observer's publish hooks. The
-// message is copied for BeforePublish, so that it may replace the headers
-// without touching the caller's Publishing.
-func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string, mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
+// publishObserved is publishFast with the publish hooks; BeforePublish gets a copy of msg.
+func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string, mandatory, immediate bool, msg *Publishing) (dc *DeferredConfirmation, err error) {
 	info := PublishInfo{Channel: ch.id, Exchange: exchange, RoutingKey: key, Mandatory: mandatory, BodySize: len(msg.Body)}
 	var clock *confirmClock
 	if o.Confirmed != nil {
 		clock = ch.clockOf()
 	}
-	var dc *DeferredConfirmation
-	var err error
 	if o.BeforePublish != nil {
-		// A pooled copy: msg itself must flow nowhere but publishFrames,
-		// or it escapes to the heap on every path.
+		// Pooled: msg must flow only to publishFrames or it escapes.
 		cp := publishingPool.Get().(*Publishing)
 		*cp = *msg
 		ctx = o.BeforePublish(ctx, info, cp)
@@ -180,8 +154,7 @@ func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, k
 // publishingPool holds the copies that BeforePublish may change.
 var publishingPool = sync.Pool{New: func() any { return new(Publishing) }}
 
-// observeConfirm is the confirm hook of both read modes, as a basic.ack or
-// basic.nack arrives.
+// observeConfirm is both read modes' hook for an arriving basic.ack or nack.
 func (ch *Channel) observeConfirm(tag uint64, multiple, ack bool) {
 	if clock := ch.clockOf(); clock != nil {
 		clock.confirmed(ch.id, tag, multiple, ack)
@@ -200,22 +173,19 @@ func observeOpened(obs *Observer, mode string, generation int32) {
 	obs.Connection(ConnectionEvent{Kind: kind, Mode: mode})
 }
 
-// observeEnd reports the end of a generation once, however many times
-// upstream's shutdown runs for it.
+// observeEnd reports a generation's end once, however often shutdown runs.
 func observeEnd(obs *Observer, mode string, g *genEnd, err *Error) {
 	if obs == nil || obs.Connection == nil || !g.reported.CompareAndSwap(false, true) {
 		return
 	}
-	if err == nil {
-		obs.Connection(ConnectionEvent{Kind: ConnectionClosed, Mode: mode})
-		return
+	ev := ConnectionEvent{Kind: ConnectionClosed, Mode: mode}
+	if err != nil { // not ev.Err = err unconditionally: a nil *Error is a non-nil error
+		ev.Kind, ev.Err = ConnectionFailed, err
 	}
-	obs.Connection(ConnectionEvent{Kind: ConnectionFailed, Mode: mode, Err: err})
+	obs.Connection(ev)
 }
 
-// observedWait runs wait, a read mode's wait for the reply to a request on
-// channel (res are the replies it expects), and reports it to obs's RPC
-// hook, if there is one.
+// observedWait runs wait, for a reply (one of res) on channel, and reports it to obs.RPC.
 func observedWait(obs *Observer, channel uint16, res []message, wait func() error) error {
 	if obs == nil || obs.RPC == nil {
 		return wait()

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -14,21 +13,9 @@ import (
 	"time"
 )
 
-// What the two read modes share, besides a generation's life (readgen.go).
-//
-// The drainer (drainer.go) and legacy mode (legacy.go) each read the
-// socket their own way (a goroutine of the connection's, or whoever calls
-// in), and share what is here: the state a read path fixes when it is
-// attached (readBase), a connection generation (readGen), its install and
-// failure, the socket writer, the channel-frame path from raw bytes to
-// what a channel's dispatch takes, and the heartbeat clock.
-
-// ErrClosedIntentionally is returned to goroutines that were waiting on a
-// connection (an RPC, DrainEvents) when the application closed it with
-// Close. errors.Is(err, ErrClosed) is true for it, and it is not
-// Recoverable, so neither automatic recovery nor a retry loop that checks
-// Recoverable reconnects after a deliberate shutdown. The drainer and
-// legacy modes return it; upstream mode returns ErrClosed, as upstream.
+// ErrClosedIntentionally is returned, in the drainer and legacy modes (upstream mode returns
+// ErrClosed), to waiters on a connection (an RPC, DrainEvents) the application closed with
+// Close. errors.Is(err, ErrClosed) holds; it is not Recoverable, so nothing reconnects.
 var ErrClosedIntentionally error = closedIntentionally{}
 
 type closedIntentionally struct{}
@@ -44,26 +31,17 @@ func (closedIntentionally) Unwrap() error { return ErrClosed }
 func (closedIntentionally) Recoverable() bool { return false }
 
 const (
-	// defaultCloseTimeout is DrainerOptions.CloseTimeout and
-	// LegacyOptions.CloseTimeout when they are zero.
-	defaultCloseTimeout = 5 * time.Second
-	// connRPCCap buffers channel-0 replies, so that their dispatcher never
-	// waits for a caller to take one (replyOverflow).
-	connRPCCap = 8
-	// chanRPCCap buffers channel replies for the same reason.
-	chanRPCCap = 8
-	// frameCost is what one queued frame or notification is charged on top
-	// of its payload: its bookkeeping, roughly.
-	frameCost = 64
+	defaultCloseTimeout = 5 * time.Second // the options' CloseTimeout when zero
+	connRPCCap          = 8               // channel-0 replies buffered, so their dispatcher never waits (replyOverflow)
+	chanRPCCap          = 8               // channel replies, likewise
+	frameCost           = 64              // charged per queued frame or notification, on top of its payload
+	deadAfter           = 3               // heartbeat intervals of silence that mean a dead broker (1.5 heartbeats, as upstream)
 )
 
-// errDeadline matches a read or write that ended at its deadline.
-var errDeadline = os.ErrDeadlineExceeded
+var errDeadline = os.ErrDeadlineExceeded // matches a read or write that ended at its deadline
 
-// readBase is what a read path fixes when it is attached to a Connection
-// (attach), for the Connection's whole life, plus the parts both read modes
-// keep alike. The seam's hooks read its fields directly (readPath.base):
-// none changes after attach, except through its own methods.
+// readBase is what a read path fixes at attach and both modes keep alike; after attach,
+// its fields change only through its methods.
 type readBase struct {
 	c            *Connection
 	mode         readMode      // what the mode does its own way (readgen.go)
@@ -71,74 +49,52 @@ type readBase struct {
 	rpcCap       int           // the capacity of each channel's rpc chan (upstream: 0)
 	rpcTimeout   time.Duration // the options' RPCTimeout
 	closeTimeout time.Duration // the options' CloseTimeout
-
-	// deliveries is the budget that consumer buffers count against: the
-	// drainer's, or one legacy counts on and never pauses for.
-	deliveries *budget
-	// confirmWait reads frames for DeferredConfirmation.Wait in a mode where
-	// nobody else does (legacy), nil otherwise.
-	confirmWait confirmPump
-
-	closeIntent // Close was called: waiters get ErrClosedIntentionally
-	blocks      blockGate
-	pub         publishOut // the generation's socket writer, under c.sendM (publish.go)
-	group       writeGroup // publishes written together (groupcommit.go)
-	coalesce    bool       // the options' CoalescePublishes
-
-	io      ioCounters    // bytes and frames, for Stats
-	buffers bufferSet     // consumer buffers, for Stats
-	clocks  confirmClocks // confirm clocks, for ConfirmInfo.Latency
-	obs     *Observer     // the options' Observer
-	gens    atomic.Int32  // generations opened, for ConnectionRecovered
+	deliveries   *budget       // what consumer buffers count against (legacy never pauses)
+	confirmWait  confirmPump   // reads frames for DeferredConfirmation.Wait (legacy), or nil
+	closeIntent                // Close was called: waiters get ErrClosedIntentionally
+	blocks       blockGate
+	pub          publishOut    // the generation's socket writer, under c.sendM (publish.go)
+	group        writeGroup    // publishes written together (groupcommit.go)
+	coalesce     bool          // the options' CoalescePublishes
+	io           ioCounters    // bytes and frames, for Stats
+	buffers      bufferSet     // consumer buffers, for Stats
+	clocks       confirmClocks // confirm clocks, for ConfirmInfo.Latency
+	obs          *Observer     // the options' Observer
+	gens         atomic.Int32  // generations opened, for ConnectionRecovered
 }
 
 // init fixes the parts of a read path being attached to c.
 func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer, deliveries *budget) {
-	b.c, b.mode, b.name, b.rpcCap = c, mode, name, chanRPCCap
-	b.deliveries = deliveries
-	b.closeIntent = newCloseIntent()
-	b.obs = obs
+	b.c, b.mode, b.name, b.rpcCap, b.deliveries = c, mode, name, chanRPCCap, deliveries
+	b.closeIntent, b.obs = newCloseIntent(), obs
 	if obs != nil {
 		b.io.settled = obs.Settled
 	}
 }
 
-// base gives the seam the read path's fixed parts (readPath.base).
-func (b *readBase) base() *readBase { return b }
-
-// clockOf is channel id's confirm clock, or nil unless the Observer has
-// a Confirmed hook.
+// base gives the seam the read path's fixed parts (readPath.base); clockOf is
+// channel id's confirm clock, nil without a Confirmed hook.
+func (b *readBase) base() *readBase                 { return b }
 func (b *readBase) clockOf(id uint16) *confirmClock { return b.clocks.clock(b.obs, id) }
 
-// genEnd is how one connection generation ends, for the read modes: a chan
-// closed exactly once, which releases every waiter together, and why.
+// genEnd is how a generation ends, and why.
 type genEnd struct {
-	once sync.Once
-	dead chan struct{}
-	err  *Error // why it ended; nil for an intentional close
-
-	reported atomic.Bool // the Observer has heard of the end (observeEnd)
+	once     sync.Once
+	dead     chan struct{} // closed once, releasing every waiter
+	err      *Error        // why it ended; nil for an intentional close
+	reported atomic.Bool   // the Observer has heard of the end (observeEnd)
 }
 
 func newGenEnd() genEnd { return genEnd{dead: make(chan struct{})} }
 
-// setDead ends the generation with err, if it has not ended yet, and
-// reports whether this call ended it.
-func (e *genEnd) setDead(err *Error) bool {
-	first := false
-	e.once.Do(func() {
-		e.err = err
-		close(e.dead)
-		first = true
-	})
+// setDead ends the generation with err, reporting whether this call did.
+func (e *genEnd) setDead(err *Error) (first bool) {
+	e.once.Do(func() { e.err = err; close(e.dead); first = true })
 	return first
 }
 
-// explain returns why the generation ended in place of err, a failed
-// socket write, when the end is what broke the socket: the Close watchdog
-// or a failed read closed it under the writer. A publisher, or Close
-// itself, then learns the cause ("close-ok not received within 5s") rather
-// than "use of closed network connection".
+// explain returns, for a failed write, why the generation ended if it did:
+// "close-ok not received within 5s", not "use of closed network connection".
 func (e *genEnd) explain(err error) error {
 	if err == nil || !e.isDead() || e.err == nil {
 		return err
@@ -155,75 +111,57 @@ func (e *genEnd) isDead() bool {
 	}
 }
 
-// readGen is one connection generation of a read mode: one socket, and how
-// it ends.
+// readGen is one connection generation: one socket, and how it ends.
 type readGen struct {
-	conn io.ReadWriteCloser
-	rpc  chan message // the generation's c.rpc: channel-0 replies
-
-	genEnd // how the generation ends
+	conn   io.ReadWriteCloser
+	rpc    chan message // the generation's c.rpc: channel-0 replies
+	genEnd              // how the generation ends
 }
 
 func newReadGen(conn io.ReadWriteCloser) readGen {
 	return readGen{conn: conn, rpc: make(chan message, connRPCCap), genEnd: newGenEnd()}
 }
 
-// interrupt cuts short a read of the generation's socket in progress, if
-// the socket has read deadlines. Legacy mode uses it: each of its reads
-// sets its own deadline first, so a read that starts later is not
-// affected.
+// interrupt cuts short a read in progress (legacy's reads set their own deadline).
 func (g *readGen) interrupt() {
 	if nc, ok := g.conn.(net.Conn); ok {
 		_ = nc.SetReadDeadline(time.Now())
 	}
 }
 
-// install makes g the connection's generation for writers and channel-0
-// callers: w becomes the socket writer behind c.writer and the publish
-// fast path, and g.rpc the chan of connection-level replies. The new
-// socket is one the broker has not blocked.
+// install makes w the writer behind c.writer and publishes, and g.rpc
+// c.rpc; the new socket starts unblocked. Takes c.sendM, then c.m.
 func (b *readBase) install(g *readGen, w *socketWriter) {
 	b.blocks.unblock()
-	c := b.c
-	c.sendM.Lock()
+	b.c.sendM.Lock()
 	b.io.restart()
 	b.pub.buf, b.pub.out = bufio.NewWriter(w), w
-	c.writer = &writer{b.pub.buf}
-	c.sendM.Unlock()
-	c.m.Lock()
-	c.rpc = g.rpc
-	c.m.Unlock()
+	b.c.writer = &writer{b.pub.buf}
+	b.c.sendM.Unlock()
+	b.c.m.Lock()
+	b.c.rpc = g.rpc
+	b.c.m.Unlock()
 }
 
-// fail ends generation g because of err, from the goroutine that found the
-// error: waiters are released first, then the socket is closed (freeing
-// writers), then upstream's teardown runs.
+// fail ends g with err: IsClosed is true before waiters are released, then
+// the socket is closed (freeing writers), then upstream's teardown runs.
 func (b *readBase) fail(g *readGen, err *Error) {
-	// Waiters released below may look at IsClosed at once: it must be true.
-	b.c.closed.Store(true)
-	if !g.setDead(err) {
-		return // Close or another failure got there first
+	if b.c.closed.Store(true); g.setDead(err) { // else Close or another failure was first
+		_ = g.conn.Close()
+		b.c.shutdown(err)
 	}
-	_ = g.conn.Close()
-	b.c.shutdown(err)
 }
 
 // countOpened counts a generation whose handshake completed, for the Observer.
 func (b *readBase) countOpened() { observeOpened(b.obs, b.name, b.gens.Add(1)) }
 
-// socketWriter is a generation's writer of the socket. It counts what
-// goes out (Stats; the heartbeat's idea of traffic, through sent), and
-// reports a write that failed because the generation ended by why it
-// ended (genEnd.explain).
+// socketWriter writes a generation's socket, counting, and explains failures.
 type socketWriter struct {
 	conn   io.Writer
 	end    *genEnd
-	counts *ioCounters // the connection's, for Stats
-	// sent runs after each write that sent n > 0 bytes.
-	sent func(n int64)
-	// guard, if not nil, is taken around each write: legacy mode's
-	// transport lock.
-	guard interface {
+	counts *ioCounters   // the connection's, for Stats
+	sent   func(n int64) // runs after each write of n > 0 bytes
+	guard  interface {   // if not nil, held around each write: legacy's transport lock
 		lock()
 		unlock()
 	}
@@ -243,8 +181,7 @@ func (w *socketWriter) Write(p []byte) (int, error) {
 	return n, w.end.explain(err)
 }
 
-// writeVectors is Write for a publish's buffers (publish.go): one writev
-// on a TCP or Unix socket, a Write per buffer on other writers.
+// writeVectors is Write for a publish's buffers: one writev on a socket.
 func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	if w.guard != nil {
 		w.guard.lock()
@@ -260,24 +197,17 @@ func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	return n, w.end.explain(err)
 }
 
-// chanStep is what one frame of a channel other than 0 comes to, once
-// decoded and fed to its channel's content assembly (fastread.go): at most
-// one of the fields after ch is set, and none while content is incomplete.
+// chanStep is what a frame on channel ≠ 0 comes to: at most one field after ch.
 type chanStep struct {
 	ch     *Channel           // nil: the channel is not open
-	closed frame              // a method on a channel that is not open, as upstream parsed it
+	closed frame              // a method for a channel not open, as upstream parsed it
 	method *methodFrame       // a method that starts no content
 	del    *Delivery          // a complete basic.deliver from the fast path
 	msg    messageWithContent // any other complete content message
 }
 
-// channelFrame is the channel-frame path of both read modes, upstream's
-// dispatchN up to the channel's dispatch: raw, a complete frame on channel
-// id ≠ 0, is decoded (fast where it can be), the channel looked up and
-// updated as upstream's reader does, and content assembled, so that a
-// channel's dispatch only ever sees methods that start no content and
-// complete messages. Content for a channel that is not open is dropped;
-// a method for one comes back in closed, for upstream's dispatchClosed.
+// channelFrame is upstream's dispatchN up to the channel's dispatch, for raw on channel
+// id ≠ 0: a dispatch sees only whole messages and methods that start no content.
 func (cr *contentReader) channelFrame(c *Connection, split *frameSplitter, id uint16, raw []byte) (chanStep, *Error) {
 	cf, err := cr.decode(split, raw)
 	if err != nil {
@@ -289,61 +219,42 @@ func (cr *contentReader) channelFrame(c *Connection, split *frameSplitter, id ui
 		updateChannel(cf.f, ch)
 	}
 	c.m.Unlock()
+	step := chanStep{ch: ch}
 	if !ok {
 		Logger.Printf("[debug] dropping frame, channel %d does not exist", id)
-		var step chanStep
 		if raw[0] == frameMethod {
-			step.closed = cf.upstreamFrame(split, raw)
+			if step.closed = cf.f; cf.f == nil { // decoded fast: upstream's parse succeeds too
+				step.closed, _ = split.parse(raw)
+			}
 		}
 		return step, nil
 	}
-	step := chanStep{ch: ch}
 	a := cr.asm(id, ch)
-	complete, method := cr.feed(a, &cf, c.maxFrameSize.Load())
-	switch {
-	case method != nil:
-		step.method = method
-	case complete:
+	var complete bool // never with a method
+	if complete, step.method = cr.feed(a, &cf, c.maxFrameSize.Load()); complete {
 		step.del, step.msg = a.complete()
 	}
 	return step, nil
 }
 
-// heartbeatClock is the heartbeat arithmetic of a generation, as pure
-// functions of its send interval (half the negotiated heartbeat, as
-// upstream sends; 0 for no heartbeats) and the times each mode keeps.
+// heartbeatClock does heartbeat arithmetic on the send interval (half the heartbeat; 0: none).
 type heartbeatClock struct{ interval time.Duration }
 
-// deadAfter is the silence, in send intervals, after which the broker is
-// declared dead: 1.5 × the negotiated heartbeat, as upstream's reader.
-const deadAfter = 3
+// deadline is when a broker last heard from at last is declared dead.
+func (h heartbeatClock) deadline(last time.Time) time.Time { return last.Add(deadAfter * h.interval) }
 
-// deadline is when a broker last heard from at lastRecv is declared dead.
-func (h heartbeatClock) deadline(lastRecv time.Time) time.Time {
-	return lastRecv.Add(deadAfter * h.interval)
-}
-
-// timeout returns the error to fail the connection with when the broker
-// has been silent since lastRecv for deadAfter intervals at now, else nil.
+// timeout returns the error to fail with if the broker is dead at now, else nil.
 func (h heartbeatClock) timeout(lastRecv, now time.Time) *Error {
-	silent := now.Sub(lastRecv)
-	if h.interval <= 0 || silent < deadAfter*h.interval {
-		return nil
+	if silent := now.Sub(lastRecv); h.interval > 0 && silent >= deadAfter*h.interval {
+		return &Error{Code: FrameError, Reason: fmt.Sprintf("heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
+			silent.Round(time.Millisecond), 2*h.interval)}
 	}
-	return &Error{Code: FrameError, Reason: fmt.Sprintf(
-		"heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
-		silent.Round(time.Millisecond), 2*h.interval)}
+	return nil
 }
 
-// window is the longest the drainer lets pass between heartbeat duties
-// when no frame wakes it: one and a half send intervals, so that the
-// broker's frames, which arrive once per interval, usually carry the duty
-// first, and still well inside the two heartbeats after which the broker
-// gives up on us.
+// window is the most between the drainer's duties (the broker's frames usually carry
+// them); readDeadline is the broker's death or the next duty, whichever is first.
 func (h heartbeatClock) window() time.Duration { return h.interval + h.interval/2 }
-
-// readDeadline is when the drainer's read must end: when the broker is
-// dead, or when the duty done at dutyAt is due again, whichever is first.
 func (h heartbeatClock) readDeadline(lastRecv, dutyAt time.Time) time.Time {
 	deadline := h.deadline(lastRecv)
 	if latest := dutyAt.Add(h.window()); latest.Before(deadline) {
@@ -352,22 +263,13 @@ func (h heartbeatClock) readDeadline(lastRecv, dutyAt time.Time) time.Time {
 	return deadline
 }
 
-// dutyDue reports whether the drainer, woken by its read deadline at now,
-// owes the heartbeat duty it last did at dutyAt.
+// dutyDue reports whether the duty last done at dutyAt is owed at now.
 func (h heartbeatClock) dutyDue(dutyAt, now time.Time) bool { return now.Sub(dutyAt) >= h.window() }
 
-// piggyback reports whether a frame received at now, with the duty last
-// done at dutyAt, should carry the duty: once half an interval has passed,
-// the drainer does it while awake anyway, so that idle, the broker's own
-// heartbeats carry ours and the deadline never fires (one wake-up per
-// interval instead of two).
+// piggyback reports whether a frame at now carries the duty (idle: one wake-up an interval).
 func (h heartbeatClock) piggyback(dutyAt, now time.Time) bool {
 	return !dutyAt.IsZero() && now.Sub(dutyAt) >= h.interval/2
 }
 
-// sendDue reports whether legacy mode, which writes whenever the
-// application calls in, owes the broker a heartbeat: nothing written for
-// an interval.
-func (h heartbeatClock) sendDue(lastSent, now time.Time) bool {
-	return now.Sub(lastSent) >= h.interval
-}
+// sendDue reports whether legacy mode, silent for an interval, owes a heartbeat.
+func (h heartbeatClock) sendDue(lastSent, now time.Time) bool { return now.Sub(lastSent) >= h.interval }

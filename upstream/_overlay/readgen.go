@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -10,45 +9,25 @@ import (
 	"sync"
 )
 
-// One generation lifecycle, for both read modes.
-//
-// readBase runs what the drainer and legacy mode do alike with a
-// connection generation: which one is current, its abandon and shutdown,
-// the RPC waits (the Observer's view, RPCTimeout), channel 0's reply
-// overflow and blocked/unblocked, and the routing of frames, with the
-// Observer calls it makes. A mode supplies what differs (readMode).
-
-// readMode is what a read mode supplies to readBase.
+// readMode is what a read mode supplies to readBase (this file).
 type readMode interface {
-	// generation is the current generation, nil before the first (genSlot).
-	generation() *readGen
-
-	// awaitReply waits until ctx ends for the reply in rpc, the channel's
-	// errors (nil for channel 0) or the end of the generation. A reply that
-	// came before the error or end that woke it is returned, as upstream.
+	generation() *readGen // nil before the first (genSlot)
+	// awaitReply waits for the reply in rpc, errs (nil for channel 0), the
+	// end or ctx's; a reply that came before the error or end wins.
 	awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
-
-	// flush runs in shutdown once the socket is closed: notifications of
-	// frames read before the end reach their listeners.
-	flush()
-
-	// notifyBlocked hands b to the NotifyBlocked listeners ls.
-	notifyBlocked(ls []chan Blocking, b Blocking)
-
-	// consumerReader is how a ConsumeFunc with nothing queued reads the
-	// socket itself, nil where a goroutine of the connection reads it.
-	consumerReader() consumerReader
+	flush()                                       // in shutdown, once the socket is closed
+	notifyBlocked(ls []chan Blocking, b Blocking) // to the NotifyBlocked listeners
+	consumerReader() consumerReader               // nil where a goroutine of the connection reads
 }
 
-// consumerReader reads the socket for a ConsumeFunc that found its inbox
-// empty (directconsume.go), in legacy mode: it takes the read turn by
-// sending into readTurn, then reads one turn for box (legacyConn.pumpFor).
+// consumerReader is legacy's read for a ConsumeFunc (directconsume.go):
+// send into readTurn to take the turn, then pumpFor reads one for box.
 type consumerReader interface {
 	readTurn() chan struct{}
 	pumpFor(ctx context.Context, box *inbox) error
 }
 
-// genSlot holds a read mode's current generation, of the mode's type G.
+// genSlot holds a read mode's current generation, of type G.
 type genSlot[G any, P interface {
 	*G
 	shared() *readGen
@@ -83,21 +62,16 @@ func (s *genSlot[G, P]) generation() *readGen {
 // shared is the part of a mode's generation that readBase runs.
 func (g *readGen) shared() *readGen { return g }
 
-// abandon fails the current generation with err, off the caller's
-// goroutine: the teardown may wait for what the mode still runs
-// (bounded.go).
+// abandon fails the current generation on its own goroutine: the
+// teardown may wait for what the mode still runs (bounded.go).
 func (b *readBase) abandon(err *Error) {
 	if g := b.mode.generation(); g != nil {
 		go b.fail(g, err)
 	}
 }
 
-// shutdown is the read path's shutdown hook, the first thing
-// Connection.shutdown does: it records why, releases every waiter, and
-// closes the socket before upstream takes any lock, so that a publisher
-// blocked in a write (holding ch.m and sendM) is freed and the teardown
-// that follows cannot deadlock on it. The mode's flush runs after the
-// socket is closed and before the Observer hears of the end.
+// shutdown releases the waiters and closes the socket before upstream locks,
+// freeing a publisher blocked in a write (holding ch.m and sendM).
 func (b *readBase) shutdown(err *Error) {
 	b.blocks.unblock() // held publishes go on, and fail as upstream's
 	if err == nil {
@@ -114,11 +88,8 @@ func (b *readBase) shutdown(err *Error) {
 	observeEnd(b.obs, b.name, &g.genEnd, err)
 }
 
-// connCall waits for the reply to a channel-0 request, bounded by
-// RPCTimeout except during Close, whose own wait is CloseTimeout's
-// (closeStarted takes a lock, so only when there is a timeout to apply).
-// Close's own wait is marked (closerKey), so that legacy's reads do not
-// take it for a wait that Close ended.
+// connCall waits for a channel-0 reply under RPCTimeout but not during
+// Close (closeStarted locks). closerKey marks Close's wait for legacy.
 func (b *readBase) connCall(_ chan *Error, rpc chan message, res []message) error {
 	return observedWait(b.obs, 0, res, func() error {
 		ctx := context.Background()
@@ -138,8 +109,7 @@ func (b *readBase) connCall(_ chan *Error, rpc chan message, res []message) erro
 	})
 }
 
-// closing wakes DrainEvents callers and arms the watchdog that bounds
-// Close (closeIntent.begin).
+// closing wakes DrainEvents callers and arms Close's watchdog.
 func (b *readBase) closing() {
 	if g := b.mode.generation(); g != nil {
 		b.begin(b.closeTimeout, &g.genEnd, g.conn)
@@ -148,9 +118,7 @@ func (b *readBase) closing() {
 	}
 }
 
-// chanCall waits for the reply to a request on channel ch, bounded by
-// RPCTimeout. Every waiter released by a connection error gets that
-// error, unless its reply came before the end (readMode.awaitReply).
+// chanCall waits for a reply on ch under RPCTimeout (readMode.awaitReply).
 func (b *readBase) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
 	return observedWait(b.obs, ch.id, res, func() error {
 		ctx, cancel := b.rpcContext(context.Background(), false)
@@ -168,9 +136,7 @@ func (b *readBase) chanCall(ch *Channel, errs chan *Error, rpc chan message, res
 	})
 }
 
-// rpcContext bounds a reply's wait by RPCTimeout, unless there is none or
-// exempt is true. Legacy pumps under it, so its end also cuts a read
-// short.
+// rpcContext bounds a wait by RPCTimeout, if any, unless exempt.
 func (b *readBase) rpcContext(ctx context.Context, exempt bool) (context.Context, context.CancelFunc) {
 	if b.rpcTimeout <= 0 || exempt {
 		return ctx, func() {}
@@ -178,8 +144,7 @@ func (b *readBase) rpcContext(ctx context.Context, exempt bool) (context.Context
 	return context.WithTimeout(ctx, b.rpcTimeout)
 }
 
-// chanErr is what a caller waiting on a channel's errors returns: the
-// channel's error, or, once the channel is gone, why.
+// chanErr is a channel waiter's error: e or, once the channel is gone, why.
 func (b *readBase) chanErr(g *readGen, e *Error, ok bool) error {
 	switch {
 	case ok:
@@ -190,12 +155,8 @@ func (b *readBase) chanErr(g *readGen, e *Error, ok bool) error {
 	return ErrClosed
 }
 
-// replyOverflow returns the error to fail the connection with when m, a
-// reply on channel 0, finds connRPCCap replies already waiting in g.rpc.
-// Upstream's dispatch0 would wait for a caller, but the dispatcher may be
-// that very caller (legacy's turn holder) or read for everybody (the
-// drainer): DrainEvents and Close would hang. Only the dispatcher sends on
-// g.rpc, so a free slot seen here stays free for its send.
+// replyOverflow fails the connection when g.rpc is full: upstream waits, a
+// hang when the dispatcher is the caller or reads for all (sole sender).
 func (g *readGen) replyOverflow(m message) *Error {
 	if len(g.rpc) < cap(g.rpc) {
 		return nil
@@ -204,10 +165,8 @@ func (g *readGen) replyOverflow(m message) *Error {
 		"unexpected %T on channel 0: %d replies already wait for a caller", m, connRPCCap)}
 }
 
-// notifyBlocks tracks connection.blocked and connection.unblocked for the
-// publish gate (blockgate.go) and hands them to the NotifyBlocked
-// listeners the mode's way, in place of upstream's dispatch0. It reports
-// whether m was one of them.
+// notifyBlocks takes connection.blocked/unblocked for the publish gate
+// and the listeners, reporting whether m was one (upstream's dispatch0).
 func (b *readBase) notifyBlocks(m message) bool {
 	var blk Blocking
 	switch m := m.(type) {
@@ -219,30 +178,22 @@ func (b *readBase) notifyBlocks(m message) bool {
 	default:
 		return false
 	}
-	c := b.c
-	c.m.Lock()
-	ls := c.blocks
-	c.m.Unlock()
+	b.c.m.Lock()
+	ls := b.c.blocks
+	b.c.m.Unlock()
 	b.mode.notifyBlocked(ls, blk)
 	return true
 }
 
-// frameRouter is a mode's generation, where routeFrames hands frames on:
-// the drainer queues them, legacy dispatches them inline.
+// frameRouter is a mode's generation. route0's stop ends reading;
+// endedInline reports that a hand-on ended the generation.
 type frameRouter interface {
-	// handOn takes what a frame of a channel came to (routeChannel).
 	handOn(step chanStep)
-	// route0 takes a frame of channel 0. It reports stop when reading
-	// must end, with the error to fail the connection with, if any.
 	route0(f frame) (stop bool, err *Error)
-	// endedInline reports whether the generation ended while a frame
-	// was handed on (connection.close, or the teardown ran inline).
 	endedInline() bool
 }
 
-// routeFrames routes raw, if not nil, and every other complete frame in
-// split's buffer to r. It reports stop when reading must end, with the
-// error to fail the connection with, if any.
+// routeFrames routes raw, if not nil, then split's complete frames to r.
 func (b *readBase) routeFrames(r frameRouter, cr *contentReader, split *frameSplitter, raw []byte) (stop bool, err *Error) {
 	for ; ; raw = nil {
 		if raw == nil {
@@ -268,9 +219,7 @@ func (b *readBase) routeFrames(r frameRouter, cr *contentReader, split *frameSpl
 	}
 }
 
-// routeChannel is the one router of the frames of channel id ≠ 0, for both
-// modes: raw is decoded and assembled (channelFrame), the Observer hears
-// of confirms and returns as they arrive, and the result goes to r.
+// routeChannel decodes a frame of channel id ≠ 0 and hands it to r.
 func (b *readBase) routeChannel(r frameRouter, cr *contentReader, split *frameSplitter, id uint16, raw []byte) *Error {
 	step, err := cr.channelFrame(b.c, split, id, raw)
 	if err != nil {
@@ -283,9 +232,7 @@ func (b *readBase) routeChannel(r frameRouter, cr *contentReader, split *frameSp
 	return nil
 }
 
-// observeStep tells the Observer of a confirm or a return in step. Only
-// called with an Observer: without one, the router does no more per frame
-// than the hand-on.
+// observeStep tells the Observer (not nil) of a confirm or return.
 func (b *readBase) observeStep(step chanStep) {
 	switch {
 	case step.method != nil:

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -13,47 +12,21 @@ import (
 	"sync/atomic"
 )
 
-// The process-wide read-mode switch.
-//
-// A program that dials through a library it cannot edit (watermill,
-// gocloud, ...) never sets Config.ReadPath. For such programs a connection
-// whose Config.ReadPath is nil takes a process default, resolved once per
-// connection, in Open (which Dial, DialConfig and DialTLS call), and kept
-// by every recovery generation of that connection. In order of precedence:
-//
-//  1. Config.ReadPath, when it is not nil (Upstream() asks for upstream's
-//     reader explicitly, whatever the defaults say);
-//  2. the programmatic default, SetDefaultReadPath;
-//  3. the mode that this package's own tests force on upstream's suite
-//     (the test-only defaultReadPath, set by an _test.go file; never in a
-//     production build);
-//  4. the environment variable AMQP091_READ_MODE, read once per process;
-//  5. upstream's reader goroutine.
-//
-// Code beats the environment, so that a program that chose a mode keeps
-// it; the forced test mode beats the environment too, so that a variable
-// left in a shell cannot change what upstream's suite runs in.
-
-// ReadModeEnv is the environment variable that chooses the read mode of
-// connections dialled with no Config.ReadPath when no programmatic default
-// is set. Its values: unset, empty or "upstream" (upstream's reader),
-// "drainer" (Drainer with zero options), "legacy-autodrain" (Legacy with
-// AutoDrain). "legacy" is refused: see ErrInvalidReadMode.
+// ReadModeEnv, read once per process, chooses the read mode of connections
+// with no Config.ReadPath when SetDefaultReadPath set none: unset, empty or
+// "upstream" (upstream's reader), "drainer" (Drainer with zero options) or
+// "legacy-autodrain" (Legacy with AutoDrain); see ErrInvalidReadMode.
 const ReadModeEnv = "AMQP091_READ_MODE"
 
-// ErrInvalidReadMode is wrapped by the error that Open and Dial return,
-// for a connection with no Config.ReadPath and no SetDefaultReadPath,
-// while AMQP091_READ_MODE holds a value the process switch does not
-// accept: a typo, or "legacy", which would leave a program that never
-// calls DrainEvents waiting forever for its deliveries and confirms. The
-// connection is never opened in some other mode instead.
+// ErrInvalidReadMode is wrapped by the error Open and Dial return, opening
+// nothing, when AMQP091_READ_MODE applies and holds another value: a typo,
+// or "legacy", under which a program that never calls DrainEvents would
+// wait forever for deliveries and confirms.
 var ErrInvalidReadMode = errors.New("amqp: invalid read mode")
 
-// SetDefaultReadPath sets the read path of every connection opened after
-// it whose Config.ReadPath is nil, in this process; nil clears it, so that
-// AMQP091_READ_MODE (or upstream's reader) applies again. Call it early in
-// main, before any library dials: a connection keeps the read path it was
-// opened with, through every recovery, whatever is set later.
+// SetDefaultReadPath sets, ahead of AMQP091_READ_MODE, the read path of
+// connections opened later with a nil Config.ReadPath; nil clears it. Call
+// it early in main: a connection keeps its read path through recoveries.
 //
 //	amqp.SetDefaultReadPath(amqp.Drainer(amqp.DrainerOptions{}))
 func SetDefaultReadPath(rp ReadPath) {
@@ -64,39 +37,30 @@ func SetDefaultReadPath(rp ReadPath) {
 	programmaticReadPath.Store(&rp)
 }
 
-// programmaticReadPath is SetDefaultReadPath's value; a pointer because
-// atomic.Pointer cannot hold an interface directly.
+// programmaticReadPath: SetDefaultReadPath's (atomic holds no interface).
 var programmaticReadPath atomic.Pointer[ReadPath]
 
-// defaultReadPathForced says that a test-only file has forced
-// defaultReadPath (readpath.go) on this package's tests, upstream's suite
-// included, even to nil: then AMQP091_READ_MODE is not consulted.
+// defaultReadPathForced: a test forced defaultReadPath (readpath.go), even nil.
 var defaultReadPathForced bool
 
-// Upstream returns the ReadPath of upstream's own reader goroutine and
-// heartbeater. Setting it as Config.ReadPath is the same as leaving the
-// field nil, except that no process default (SetDefaultReadPath,
-// AMQP091_READ_MODE) applies: the connection is upstream's, explicitly.
+// Upstream returns the ReadPath of upstream's reader goroutine and
+// heartbeater. As Config.ReadPath it acts as nil, but no process default
+// (SetDefaultReadPath, AMQP091_READ_MODE) overrides it.
 func Upstream() ReadPath { return upstreamMode{} }
 
-// upstreamMode is Upstream's ReadPath: it attaches no read path.
-type upstreamMode struct{}
+type upstreamMode struct{} // attaches no read path
 
 func (upstreamMode) Mode() string                { return "upstream" }
 func (upstreamMode) attach(*Connection) readPath { return nil }
 
-// envReadPath is AMQP091_READ_MODE's read path, parsed the first time a
-// connection needs it, so that a program sees one mode for its whole life.
+// envReadPath is parsed once, so that a program sees one mode all its life.
 var envReadPath = sync.OnceValues(func() (ReadPath, error) {
 	return parseReadModeEnv(os.Getenv(ReadModeEnv))
 })
 
-// readModeEnvValues lists what AMQP091_READ_MODE accepts, for errors.
 const readModeEnvValues = `"upstream" (or unset or empty), "drainer", "legacy-autodrain"`
 
-// parseReadModeEnv turns AMQP091_READ_MODE's value into a read path: nil
-// for upstream. Case and surrounding space are ignored, as
-// compat.ParseMode ignores them.
+// parseReadModeEnv ignores case and space as compat.ParseMode does.
 func parseReadModeEnv(v string) (ReadPath, error) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
 	case "", "upstream":
@@ -115,8 +79,7 @@ func parseReadModeEnv(v string) (ReadPath, error) {
 	}
 }
 
-// resolveReadPath is the read path of a connection opened with cfg, in the
-// order of precedence above.
+// resolveReadPath is the read path of a connection opened with cfg.
 func resolveReadPath(cfg ReadPath) (ReadPath, error) {
 	return readPathSources{
 		programmatic: programmaticReadPath.Load(),
@@ -126,9 +89,7 @@ func resolveReadPath(cfg ReadPath) (ReadPath, error) {
 	}.resolve(cfg)
 }
 
-// readPathSources are the places a connection's read path can come from,
-// apart from its Config, so that tests can check the order without
-// changing the process's own.
+// readPathSources: where else a read path comes from (tests fake them).
 type readPathSources struct {
 	programmatic *ReadPath                // SetDefaultReadPath, nil when unset
 	forced       bool                     // a test file forced forcedPath
@@ -136,7 +97,9 @@ type readPathSources struct {
 	env          func() (ReadPath, error) // AMQP091_READ_MODE
 }
 
-// resolve picks cfg's read path from s, in the order of precedence above.
+// resolve picks cfg, SetDefaultReadPath, the mode a test file forces on
+// upstream's suite, AMQP091_READ_MODE, then upstream (nil): a variable
+// left in a shell changes no mode chosen in code or by the suite.
 func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	switch {
 	case cfg != nil:
@@ -150,28 +113,20 @@ func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	}
 }
 
-// startAndOpen is Open's hook: it resolves the connection's read path,
-// starts the first generation's reader and runs upstream's handshake
-// (c.open), asking Config.Credentials first (credentials.go). When the
-// process default is invalid or the provider fails, it opens nothing: it
-// closes conn, as upstream's failed opens leave their socket closed, marks
-// the connection closed, and returns the error.
+// startAndOpen is Open's hook: read path, credentials.go, reader, c.open.
+// A failure of the first two closes conn and marks c closed, as upstream.
 func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error {
 	rp, err := resolveReadPath(c.Config.ReadPath)
+	if err == nil {
+		err = c.openCredentials(&config)
+	}
 	if err != nil {
 		c.closed.Store(true)
 		_ = conn.Close()
 		return err
 	}
-	if err := c.openCredentials(&config); err != nil {
-		c.closed.Store(true)
-		_ = conn.Close()
-		return err
-	}
 	if rp != nil {
-		// Open calls this before c escapes to another goroutine, and
-		// Reconnect reuses c.rp, so no lock is needed.
-		c.rp = rp.attach(c)
+		c.rp = rp.attach(c) // c has not escaped; Reconnect reuses c.rp
 	}
 	c.startReader(conn)
 	if config.Credentials != nil {

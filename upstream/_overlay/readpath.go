@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -12,134 +11,50 @@ import (
 	"time"
 )
 
-// The read-path seam.
-//
-// Upstream amqp091-go gives every connection generation one reader goroutine
-// (Connection.reader) and one heartbeater goroutine, and makes RPC callers
-// wait on unbuffered chans that the reader feeds. A read path replaces that
-// arrangement for one Connection (Config.ReadPath, kept in Connection.rp).
-// The seam is the set of hooks that upstream/patches/0001-read-path-seam.patch
-// adds; each is a nil check, or a call that runs upstream's statement when
-// the Connection has no read path:
-//
-//  1. Open calls startAndOpen (readmode.go), which chooses the read path
-//     and calls startReader, where upstream runs `go c.reader` and then
-//     c.open; Reconnect calls startReader where upstream runs `go c.reader`.
-//  2. openTune calls startHeartbeater where upstream runs `go c.heartbeater`.
-//  3. Connection.call hands the wait for a reply to connCall, after the
-//     request has been sent; Channel.call hands the whole call to
-//     callThrough, which sends and waits with chanCall.
-//  4. newChannel and Channel.resetState size each channel's rpc chan with
-//     rpcCap; newChannel builds its consumers with makeConsumers, and
-//     consumers.add runs each buffer with bufferFor, which tie buffered
-//     deliveries to the read path's budget (inbox.go, consumeloop.go).
-//  5. PublishWithDeferredConfirm gives each DeferredConfirmation the read
-//     path's confirm pump (its pump field), which Wait and WaitContext call
-//     through pumpUntilDone, so they can read frames themselves.
-//  6. PublishWithContext and PublishWithDeferredConfirmWithContext publish
-//     through publishCtx and publishDeferredCtx (publish.go): with a read
-//     path they wait, honouring ctx, while the broker blocks the connection
-//     (blockgate.go) and take the publish fast path; without one they call
-//     upstream's Publish and PublishWithDeferredConfirm.
-//  7. openComplete calls opened after it has cleared the socket's
-//     deadlines at the end of the handshake.
-//  8. beginClose calls closing once a close has been initiated, before it
-//     waits for an in-flight Reconnect.
-//  9. shutdown calls the read path's shutdown first, before it takes any lock.
-// 10. upstream's reader signals Connection.dispatched after each frame, so
-//     DrainEvents works in upstream mode too.
+// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces
+// upstream's reader and heartbeater goroutines and RPC waits. The hooks of
+// 0001-read-path-seam.patch (PATCHES.md) run upstream's code when c.rp is nil:
+// startAndOpen (readmode.go), startReader, startHeartbeater, connCall, callThrough,
+// rpcCap, makeConsumers, bufferFor, confirmPump, pumpUntilDone, publishCtx,
+// publishDeferredCtx, rpOpened, rpClosing, rpShutdown, dispatched.signal.
 
-// ReadPath selects who reads a Connection's socket and dispatches its frames.
-//
-// The zero value, nil, keeps upstream's reader goroutine and heartbeater: a
-// Connection dialled without a ReadPath behaves exactly as upstream
-// amqp091-go. Non-nil values come from this package's read-mode
-// constructors. The interface is sealed (it has an unexported method) so
-// that every read path is one that was written against the seam's contract.
+// ReadPath selects who reads a Connection's socket and dispatches its frames;
+// nil keeps upstream's. Sealed: values come from this package's constructors.
 type ReadPath interface {
-	// Mode names the read path, as Connection.ReadMode reports it.
-	Mode() string
-
-	// attach binds the read path to one Connection for the Connection's
-	// whole life, across every Reconnect generation.
-	attach(c *Connection) readPath
+	Mode() string                  // the name Connection.ReadMode reports
+	attach(c *Connection) readPath // binds to c for life, every generation
 }
 
 // readPath is one Connection's read path, called from the seam's hooks.
 type readPath interface {
-	// base is what the read path fixed when it was attached, and what the
-	// hooks read of it: its mode, the capacity of the channels' rpc
-	// chans, the budget that buffered deliveries count against, the
-	// confirm pump, the publish gate and socket writer, the Observer,
-	// where consumer buffers register, and the mode's own parts (readconn.go).
-	base() *readBase
-
-	// start takes over reading conn, the socket of a new connection
-	// generation, in place of `go c.reader(conn)`. It is called without
-	// locks held, before the AMQP handshake of that generation is sent.
-	start(conn io.ReadWriteCloser)
-
-	// heartbeater is called in place of `go c.heartbeater(interval, done)`
-	// once per generation. Returning false runs upstream's heartbeater.
-	heartbeater(interval time.Duration, done chan struct{}) bool
-
-	// connCall waits for the reply to a channel-0 request that the caller
-	// has already sent, matching it into one of res as upstream does.
-	// errors and rpc are the generation's chans, read under c.m.
+	base() *readBase                                             // what was fixed at attach (readconn.go)
+	start(conn io.ReadWriteCloser)                               // for `go c.reader`: no locks held, before the handshake
+	heartbeater(interval time.Duration, done chan struct{}) bool // for `go c.heartbeater`; false: run it
+	// connCall waits for a sent channel-0 request's reply, matched into res
+	// as upstream does (errors and rpc read under c.m); chanCall likewise on
+	// ch, with ch's chans as read under ch.m before the send (callThrough).
 	connCall(errors chan *Error, rpc chan message, res []message) error
-
-	// chanCall is connCall for a synchronous request on channel ch;
-	// errors and rpc are the channel's chans as they were, under ch.m,
-	// before the request was sent (callThrough).
 	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
-
-	// opened runs when a generation's handshake has completed, right after
-	// upstream cleared the socket's read and write deadlines.
-	opened()
-
-	// closing runs once Close, CloseDeadline or closeWith has initiated the
-	// close, and before it waits for an in-flight Reconnect or sends
-	// connection.close.
-	closing()
-
-	// drainEvents is Connection.DrainEvents in this read mode.
-	drainEvents(ctx context.Context) error
-
-	// shutdown runs first in every call of Connection.shutdown, with the
-	// same error (nil for an intentional close), before any lock is taken.
-	shutdown(err *Error)
-
-	// abandon ends the current generation with err, as a failed read
-	// would, without waiting: a connection-level request got no reply in
-	// time (bounded.go).
-	abandon(err *Error)
-
-	// standInSend runs send, the write of an abandoned channel's
-	// channel.close by its stand-in (bounded.go), which must not wait for
-	// a read in progress: that read may be the abandoned call's own.
+	opened()                               // after a handshake, once upstream cleared the deadlines
+	closing()                              // Close, CloseDeadline or closeWith began, before it waits or sends
+	drainEvents(ctx context.Context) error // Connection.DrainEvents
+	shutdown(err *Error)                   // first in every Connection.shutdown, no lock held; nil: intentional
+	abandon(err *Error)                    // ends the generation as a failed read would, without waiting (bounded.go)
+	// standInSend runs send, a stand-in's channel.close (bounded.go),
+	// without waiting for a read in progress: it may be the abandoned call's.
 	standInSend(send func() error) error
-
 	// nextReply waits until ctx ends for the next message in rpc, or for
 	// errs, reading frames meanwhile if nobody else does (legacy).
 	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
-
-	// stats fills in s, a snapshot taken at now, with what this read path
-	// counts and holds (stats.go).
-	stats(s *Stats, now time.Time)
+	stats(s *Stats, now time.Time) // fills in s, taken at now
 }
 
-// defaultReadPath serves connections whose Config.ReadPath is nil when no
-// SetDefaultReadPath value is set (readmode.go gives the whole order). It
-// is nil in every production build; only a test-only file may set it (and
-// defaultReadPathForced), to force a read mode on upstream's own test
-// suite.
+// defaultReadPath serves a nil Config.ReadPath without SetDefaultReadPath
+// (readmode.go); nil but in test files (with defaultReadPathForced).
 var defaultReadPath ReadPath
 
-// ReadMode reports which read path serves this connection: "upstream" for
-// upstream's reader goroutine, or else the Mode of the read path chosen
-// when the connection was opened, Config.ReadPath or the process default
-// (SetDefaultReadPath, AMQP091_READ_MODE): "drainer", "legacy" or
-// "legacy-autodrain".
+// ReadMode reports "upstream", or the Mode of the read path Open chose (Config.ReadPath,
+// SetDefaultReadPath, AMQP091_READ_MODE): "drainer", "legacy" or "legacy-autodrain".
 func (c *Connection) ReadMode() string {
 	if c.rp == nil {
 		return "upstream"
@@ -147,10 +62,7 @@ func (c *Connection) ReadMode() string {
 	return c.rp.base().name
 }
 
-// startReader starts reading a new connection generation: the read path's
-// own reader when there is one, upstream's reader goroutine otherwise.
-// Open chose c.rp (startAndOpen, readmode.go); Reconnect keeps it, so a
-// connection never changes mode between generations.
+// startReader starts reading a generation; Reconnect keeps c.rp and mode.
 func (c *Connection) startReader(conn io.ReadWriteCloser) {
 	if c.rp == nil {
 		go c.reader(conn)
@@ -159,8 +71,7 @@ func (c *Connection) startReader(conn io.ReadWriteCloser) {
 	c.rp.start(conn)
 }
 
-// startHeartbeater starts heartbeats for a new connection generation, unless
-// the read path sends them itself.
+// startHeartbeater starts heartbeats unless the read path sends them.
 func (c *Connection) startHeartbeater(interval time.Duration, done chan struct{}) {
 	if c.rp != nil && c.rp.heartbeater(interval, done) {
 		return
@@ -175,21 +86,18 @@ func (c *Connection) rpOpened() {
 		c.rp.opened()
 	}
 }
-
 func (c *Connection) rpClosing() {
 	if c.rp != nil {
 		c.rp.closing()
 	}
 }
-
 func (c *Connection) rpShutdown(err *Error) {
 	if c.rp != nil {
 		c.rp.shutdown(err)
 	}
 }
 
-// confirmPump reads frames until done is closed or ctx ends; it returns
-// ctx.Err() in the latter case.
+// confirmPump reads frames until done is closed, or returns ctx.Err().
 type confirmPump func(ctx context.Context, done <-chan struct{}) error
 
 // confirmPump is what a new DeferredConfirmation calls while waiting.
@@ -200,21 +108,15 @@ func (c *Connection) confirmPump() confirmPump {
 	return c.rp.base().confirmWait
 }
 
-// pumpUntilDone reads frames while waiting for the confirmation, in a read
-// mode where nobody else does. It returns an error only when ctx ended.
+// pumpUntilDone reads frames until d is done if nobody else does; it fails only if ctx ended.
 func (d *DeferredConfirmation) pumpUntilDone(ctx context.Context) error {
-	if d.pump == nil {
-		return nil
-	}
-	if err := d.pump(ctx, d.done); err != nil && ctx.Err() != nil {
+	if d.pump != nil && d.pump(ctx, d.done) != nil && ctx.Err() != nil {
 		return ctx.Err()
 	}
 	return nil
 }
 
-// rpcCap is the capacity of a channel's rpc chan: 0, as upstream, unless the
-// read path asks for a buffer. Tests build channels on a nil or bare
-// Connection, so it must not assume either.
+// rpcCap is a channel's rpc chan capacity: 0 as upstream unless the read path asks; c may be nil (tests).
 func (c *Connection) rpcCap() int {
 	if c == nil || c.rp == nil {
 		return 0
@@ -222,21 +124,12 @@ func (c *Connection) rpcCap() int {
 	return c.rp.base().rpcCap
 }
 
-// callThrough is Channel.call on a connection with a read path. It takes
-// the channel's errors and rpc chans before it sends the request, where
-// upstream's call takes them after: a reply that is a channel.close (a
-// passive declare of a missing queue, say) ends the channel, and recovery
-// resets it at once with new chans, on which a caller that looked only
-// after would wait for ever. A read path can dispatch the close while the
-// caller is still in send (legacy-autodrain hung upstream's
-// TestChannelRecoveryRestoresQosInEveryTopologyRecoveryMode once in about
-// a hundred runs under -race); taken before, the chans are the ones that
-// channel's reply or end reaches.
+// callThrough is Channel.call with a read path. It takes ch's chans before sending, not
+// after as upstream: recovery may replace them during send, after a channel.close reply.
 func (ch *Channel) callThrough(rp readPath, req message, res []message) error {
 	ch.m.Lock()
 	errors, rpc := ch.errors, ch.rpc
 	ch.m.Unlock()
-
 	if err := ch.send(req); err != nil {
 		return err
 	}
@@ -246,8 +139,7 @@ func (ch *Channel) callThrough(rp readPath, req message, res []message) error {
 	return rp.chanCall(ch, errors, rpc, res)
 }
 
-// matchReply copies msg into the first of res with the same concrete type, as
-// upstream's call does, for read paths that wait for replies themselves.
+// matchReply copies msg into the first of res of its type, as upstream's call.
 func matchReply(msg message, res []message) error {
 	for _, try := range res {
 		if reflect.TypeOf(msg) == reflect.TypeOf(try) {
@@ -258,15 +150,14 @@ func matchReply(msg message, res []message) error {
 	return ErrCommandInvalid
 }
 
-// activity counts dispatched frames and wakes goroutines waiting for more.
-// With nobody waiting, signal costs an atomic add and load: it sits on
-// upstream's reader loop, once per frame.
+// activity counts dispatched frames and wakes those waiting for more. It is
+// on upstream's per-frame path: with nobody waiting, an add and a load.
 type activity struct {
 	frames  atomic.Uint64
 	waiters atomic.Pointer[chan struct{}]
 }
 
-// signal counts a frame that has been dispatched and wakes the waiters.
+// signal counts a dispatched frame and wakes the waiters.
 func (a *activity) signal() {
 	a.frames.Add(1)
 	a.wake()
@@ -274,11 +165,10 @@ func (a *activity) signal() {
 
 // wake wakes everyone waiting on a chan from wait.
 func (a *activity) wake() {
-	if a.waiters.Load() == nil {
-		return
-	}
-	if p := a.waiters.Swap(nil); p != nil {
-		close(*p)
+	if a.waiters.Load() != nil {
+		if p := a.waiters.Swap(nil); p != nil {
+			close(*p)
+		}
 	}
 }
 
@@ -295,9 +185,8 @@ func (a *activity) wait() <-chan struct{} {
 	}
 }
 
-// waitFrames waits until more than seen frames have been counted. It
-// returns ctx.Err() if ctx ends first, or errEnded if end or stop (either
-// may be nil) is closed first.
+// waitFrames waits until more than seen frames are counted. It returns
+// ctx.Err() if ctx ends first, errEnded if end or stop (may be nil) closes.
 func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan struct{}) error {
 	for {
 		woken := a.wait() // before the check, so no wake is lost
@@ -319,20 +208,13 @@ func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan
 // errEnded is waitFrames' report that its end chan closed.
 var errEnded = errors.New("amqp: the wait ended")
 
-// DrainEvents waits for the connection to make progress. It returns nil
-// once at least one frame has been dispatched after the call started,
-// ctx.Err() if ctx ends first (errors.Is matches context.DeadlineExceeded
-// or context.Canceled), and otherwise the error that ended the connection:
-// in drainer and legacy modes the *Error every waiter sees, or
-// ErrClosedIntentionally after Close; in upstream mode ErrClosed.
-//
-// In upstream and drainer modes, and in legacy mode with AutoDrain, a
-// goroutine of the connection reads the socket whether or not anyone calls
-// DrainEvents: it is a way to wait for traffic, not a requirement. In
-// plain legacy mode it is the read: the caller reads and dispatches at
-// least one frame, then every frame already complete in the buffer, and
-// deliveries, confirms, notifications and heartbeats happen only while
-// somebody calls it (or waits in an RPC or DeferredConfirmation.Wait).
+// DrainEvents returns nil once a frame has been dispatched after the call
+// started, ctx.Err() if ctx ends first, else what ended the connection: the
+// *Error every waiter sees (ErrClosedIntentionally after Close), or
+// ErrClosed in upstream mode. In plain legacy mode it is the read (a frame,
+// then every frame buffered), and deliveries, confirms, notifications and
+// heartbeats happen only while somebody calls it or waits in an RPC or
+// DeferredConfirmation.Wait; in other modes a goroutine reads anyway.
 func (c *Connection) DrainEvents(ctx context.Context) error {
 	if c.rp == nil {
 		return c.drainUpstream(ctx)
@@ -340,9 +222,7 @@ func (c *Connection) DrainEvents(ctx context.Context) error {
 	return c.rp.drainEvents(ctx)
 }
 
-// drainUpstream is DrainEvents for upstream's reader goroutine. Upstream's
-// reader counts a frame after dispatching it, so a frame whose dispatch
-// woke the caller just before the call may count as progress.
+// drainUpstream is DrainEvents in upstream mode; a frame that woke the caller may count.
 func (c *Connection) drainUpstream(ctx context.Context) error {
 	c.m.Lock()
 	done := c.close

@@ -1,5 +1,4 @@
-// This file is part of amqp091-drainer's overlay on amqp091-go; it is not
-// upstream code. See PATCHES.md at the root of the amqp091-drainer repository.
+// amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
 package amqp091
 
@@ -12,28 +11,6 @@ import (
 	"time"
 )
 
-// Warnings before a stalled listener stalls the connection, and the stall
-// policy.
-//
-// An unread listener holds back its channel's later notifications
-// (outbox.go), and what waits is charged to the budget; once the budget is
-// full the drainer stops reading and every channel waits. The watcher
-// says so before it happens, from the places that already run when it
-// does, so it needs no goroutine or timer of its own:
-//
-//   - an outbox that queues an item checks its share of the budget (the
-//     depth warning), and a consumer's inbox that queues a delivery checks
-//     its share and the age of its oldest (inbox.go);
-//   - an outbox's hand-over goroutine, which retries a blocked listener
-//     every slice (at most 50 ms), checks the age of its head (the stall
-//     warning) and, with DropStalledListener, gives the listener up;
-//   - the drainer logs when it pauses for the budget, naming the biggest
-//     holder, and when it reads again.
-//
-// Warnings about one listener (kind and channel) or consumer are at most
-// one per WarnInterval, so a stall that lasts costs a line per interval,
-// not one per slice.
-
 // The defaults of DrainerOptions.StallWarning, DepthWarning (a fraction of
 // the budget) and WarnInterval.
 const (
@@ -42,16 +19,18 @@ const (
 	defaultWarnInterval = 30 * time.Second
 )
 
-// watcher is the drainer's warnings and stall policy; nil when
-// DrainerOptions set neither a Logger nor DropStalledListener.
+// watcher warns before a stalled listener fills the budget (stalling every
+// channel) and applies the stall policy, from code that runs anyway (no
+// goroutine or timer), at most once per interval per listener or consumer.
+// nil when DrainerOptions set neither a Logger nor DropStalledListener.
 type watcher struct {
 	log       *slog.Logger // never nil: a discarding logger without Logger
 	obs       *Observer
 	budget    *budget
-	stallAge  time.Duration // 0: no stall warning
-	depth     int64         // bytes; 0: no depth warning
+	stallAge  time.Duration // ≤ 0: no stall warning
+	depth     int64         // bytes; ≤ 0: no depth warning
 	interval  time.Duration
-	dropAfter time.Duration // 0: never drop
+	dropAfter time.Duration // ≤ 0: never drop
 
 	dropped atomic.Uint64
 
@@ -72,23 +51,13 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	if opts.Logger == nil && opts.DropStalledListener <= 0 {
 		return nil
 	}
-	w := &watcher{
-		log:       opts.Logger,
-		obs:       opts.Observer,
-		budget:    b,
-		stallAge:  opts.StallWarning,
-		interval:  opts.WarnInterval,
-		dropAfter: opts.DropStalledListener,
-		last:      map[warnKey]time.Time{},
-	}
+	w := &watcher{log: opts.Logger, obs: opts.Observer, budget: b, stallAge: opts.StallWarning,
+		interval: opts.WarnInterval, dropAfter: opts.DropStalledListener, last: map[warnKey]time.Time{}}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
-	switch {
-	case w.stallAge == 0:
+	if w.stallAge == 0 {
 		w.stallAge = defaultStallWarning
-	case w.stallAge < 0:
-		w.stallAge = 0
 	}
 	frac := opts.DepthWarning
 	if frac == 0 {
@@ -100,14 +69,10 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	if w.interval <= 0 {
 		w.interval = defaultWarnInterval
 	}
-	if w.dropAfter < 0 {
-		w.dropAfter = 0
-	}
 	return w
 }
 
-// allow reports whether a warning about k may be logged now, and if so
-// starts its interval.
+// allow reports whether a warning about k may be logged now, starting its interval.
 func (w *watcher) allow(k warnKey) bool {
 	now := time.Now()
 	w.mu.Lock()
@@ -119,22 +84,23 @@ func (w *watcher) allow(k warnKey) bool {
 	return true
 }
 
-// queued runs after an outbox queued an item: the depth warning.
-func (w *watcher) queued(o *outbox, h outboxHead) {
-	if w.depth <= 0 || h.bytes < w.depth || h.kind == "" {
-		return
-	}
-	if !w.allow(warnKey{what: "depth", kind: h.kind, channel: o.channel}) {
-		return
-	}
-	w.log.LogAttrs(context.Background(), slog.LevelWarn, "amqp: a listener holds a large share of the read budget",
-		slog.String("listener", string(h.kind)), slog.Int("channel", int(o.channel)),
+// warnOutbox logs a warning about what o holds for kind, the oldest aged age.
+func (w *watcher) warnOutbox(msg string, kind ListenerKind, o *outbox, h outboxHead, age time.Duration) {
+	w.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
+		slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
 		slog.Int("queued", h.items), slog.Int64("queued_bytes", h.bytes),
-		slog.Duration("oldest", h.age), slog.Int64("budget", w.budget.high))
+		slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
 }
 
-// consumerQueued runs after a consumer buffer took a delivery: the depth
-// and stall warnings of consumers.
+// queued runs after an outbox queued an item: the depth warning.
+func (w *watcher) queued(o *outbox, h outboxHead) {
+	if w.depth > 0 && h.bytes >= w.depth && h.kind != "" &&
+		w.allow(warnKey{what: "depth", kind: h.kind, channel: o.channel}) {
+		w.warnOutbox("amqp: a listener holds a large share of the read budget", h.kind, o, h, h.age)
+	}
+}
+
+// consumerQueued runs after a consumer buffer took a delivery: its warnings.
 func (w *watcher) consumerQueued(st *bufferStat) {
 	bytes := st.bytes.Load()
 	var age time.Duration
@@ -159,47 +125,41 @@ func (w *watcher) consumerQueued(st *bufferStat) {
 		slog.Int64("queued_bytes", bytes), slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
 }
 
-// waiting runs on an outbox's hand-over goroutine each time a slice
-// passed without the listener taking the head item, queued at at.
+// waiting runs on an outbox's goroutine after each slice the head item
+// (queued at at) waited: the stall warning and policy.
 func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	age := time.Duration(monoNow() - at)
 	kind := it.kind()
 	if w.stallAge > 0 && age >= w.stallAge && kind != "" &&
 		w.allow(warnKey{what: "stall", kind: kind, channel: o.channel}) {
-		h := o.holds()
-		w.log.LogAttrs(context.Background(), slog.LevelWarn, "amqp: a listener has not read its notifications",
-			slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
-			slog.Int("queued", h.items), slog.Int64("queued_bytes", h.bytes),
-			slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
+		w.warnOutbox("amqp: a listener has not read its notifications", kind, o, o.holds(), age)
 	}
 	if w.dropAfter <= 0 || age < w.dropAfter || o.forget == nil {
 		return
 	}
-	b, ok := it.(interface{ blocked() any })
-	if !ok {
-		return
+	var l any
+	if b, ok := it.(interface{ blocked() any }); ok {
+		l = b.blocked()
 	}
-	l := b.blocked()
 	if l == nil || !o.dropListener(l) {
 		return
 	}
 	w.dropped.Add(1)
 	h := o.holds()
-	ls := ListenerStats{Kind: kind, Channel: o.channel, Queued: h.items, QueuedBytes: h.bytes, OldestAge: age}
 	w.log.LogAttrs(context.Background(), slog.LevelError, "amqp: dropped a stalled listener: its chan is closed and what was queued for it is dropped",
 		slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
 		slog.Duration("waited", age), slog.Duration("limit", w.dropAfter))
 	if w.obs != nil && w.obs.ListenerDropped != nil {
-		w.obs.ListenerDropped(ls)
+		w.obs.ListenerDropped(ListenerStats{Kind: kind, Channel: o.channel, Queued: h.items, QueuedBytes: h.bytes, OldestAge: age})
 	}
 }
 
 // outboxHead is what an outbox holds, for the warnings.
 type outboxHead struct {
-	kind  ListenerKind // of the item at the head
+	kind  ListenerKind // of the head item
 	items int          // notifications waiting, of every kind
 	bytes int64
-	age   time.Duration // of the item at the head
+	age   time.Duration // of the head item
 }
 
 // holds describes what o holds now.
@@ -213,16 +173,14 @@ func (o *outbox) holds() outboxHead {
 func (o *outbox) headLocked(now int64) outboxHead {
 	h := outboxHead{items: o.notes, bytes: o.bytes}
 	if waiting := o.items.queued(); len(waiting) > 0 {
-		q := waiting[0]
-		h.kind, h.age = q.it.kind(), time.Duration(now-q.at)
+		h.kind, h.age = waiting[0].it.kind(), time.Duration(now-waiting[0].at)
 	}
 	return h
 }
 
-// dropListener gives up on listener l of o's owner: it is closed and
-// unregistered (o.forget), and what is queued for it is skipped from now
-// on. It reports false, closing nothing, if upstream has closed the
-// listeners already, or l was dropped before or is no longer registered.
+// dropListener closes and unregisters l (o.forget), and skips what is queued
+// for it from now on. False, closing nothing: upstream closed the listeners,
+// or l was dropped before or is no longer registered.
 func (o *outbox) dropListener(l any) bool {
 	o.lock.Lock()
 	defer o.lock.Unlock()
@@ -236,10 +194,9 @@ func (o *outbox) dropListener(l any) bool {
 	return o.forget(l)
 }
 
-// forgetListener unregisters and closes a listener that the stall policy
-// gave up on. The caller holds ch.notifyM for writing, as upstream does
-// when it closes the listeners, so the two never both close one chan: a
-// listener that is no longer registered is left alone.
+// forgetListener unregisters and closes a listener the stall policy gave up
+// on. The caller holds ch.notifyM for writing, as upstream does when it
+// closes the listeners, so the two never both close one chan.
 func (ch *Channel) forgetListener(l any) (found bool) {
 	switch c := l.(type) {
 	case chan Confirmation:
@@ -283,7 +240,7 @@ func (o *outbox) listenerStats(out []ListenerStats, now int64) []ListenerStats {
 		if i == len(out) {
 			out = append(out, ListenerStats{Kind: k, Channel: o.channel})
 		}
-		out[i].Queued += itemCount(q.it)
+		out[i].Queued += q.it.count()
 		out[i].QueuedBytes += q.it.cost()
 		if age := time.Duration(now - q.at); age > out[i].OldestAge {
 			out[i].OldestAge = age
@@ -292,20 +249,7 @@ func (o *outbox) listenerStats(out []ListenerStats, now int64) []ListenerStats {
 	return out
 }
 
-// itemCount is how many notifications an item holds.
-func itemCount(it outItem) int {
-	if c, ok := it.(interface{ count() int }); ok {
-		return c.count()
-	}
-	return 1
-}
-
-// count is how many notifications an item with several holds (itemCount).
-func (n *notes[T]) count() int   { return len(n.vs) }
-func (s *settlement) count() int { return len(s.dcs) }
-
-// biggestHolder is the listener or consumer that holds the most of the
-// budget now (a consumer is reported with Kind "Consume").
+// biggestHolder is the listener or consumer holding the most of the budget.
 func (d *drainConn) biggestHolder() ListenerStats {
 	var s Stats
 	d.stats(&s, time.Now())
