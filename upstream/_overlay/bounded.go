@@ -9,9 +9,9 @@ import (
 	"sync"
 )
 
-// Bounded calls: a context variant (bounded_methods.go) runs the upstream
-// method unchanged on its own goroutine, so the bound holds whatever the
-// method is blocked in. Replies carry no request id, so a channel whose
+// Bounded calls: a context variant (bounded_methods.go) runs the call on its
+// own goroutine (mostly the upstream method unchanged), so the bound holds
+// whatever it is blocked in. Replies carry no request id, so a channel whose
 // caller left is abandoned (as the Java client does after its
 // channelRpcTimeout) through a stand-in that keeps its id until the
 // broker's close-ok; a connection-level request ends the connection.

@@ -240,7 +240,7 @@ func (c *Connection) UpdateSecretWithContext(ctx context.Context, newSecret, rea
 // returns an *RPCError and closes the socket, which ends the connection at
 // once and frees a publisher blocked in a write; the teardown finishes on
 // its own, and the connection, its channels, consumers and listeners end
-// up closed as with Close.
+// up closed as with Close; an ended ctx on a closed one gets ErrClosed.
 func (c *Connection) CloseWithContext(ctx context.Context) error {
 	const method = "connection.close"
 	if ctx == nil {

@@ -18,7 +18,7 @@ type budget struct {
 	mu     sync.Mutex
 	used   int64
 	pinned int64         // part of used that only reading more can release
-	belowC chan struct{} // closed when used falls to low or below, while someone waits
+	belowC chan struct{} // closed when used, pinned aside, falls to low, while someone waits
 
 	pauses      uint64        // for Stats
 	pausedTotal time.Duration // of the pauses that ended

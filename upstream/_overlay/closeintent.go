@@ -10,8 +10,8 @@ import (
 )
 
 // closeIntent records that the application called Close: it wakes whoever
-// waits for that, tells an intentional close from the library's own
-// closeWith, and bounds the close with a watchdog.
+// waits for that, tells it from the drainer's protocolClose (markProtocol),
+// and bounds the close with a watchdog.
 type closeIntent struct {
 	mu       sync.Mutex
 	called   bool

@@ -45,9 +45,9 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 // ConsumeFunc returns:
 //   - ctx.Err() once ctx ends: the consumer is cancelled, and what arrived
 //     before the broker confirmed the cancel is still handled first;
-//   - the handler's error, as soon as it returns one: the consumer is
-//     cancelled, and deliveries in flight are requeued (Nack) unhandled,
-//     or dropped with AutoAck;
+//   - the handler's error, once the consumer it cancels has ended: the
+//     deliveries in flight were requeued (Nack) unhandled, or dropped
+//     with AutoAck;
 //   - the channel's or connection's close error (a *Error, or ErrClosed),
 //     or ErrConsumerCancelled when the broker cancels the consumer.
 //

@@ -11,7 +11,7 @@ type consumerLoop struct {
 	budget          *budget
 	in              chan *Delivery  // closed by a cancel (only upstream's send sends); nil once closed or the channel closed
 	closed, closing <-chan struct{} // the channel's close (consumers.closed); Close's start, nil once seen
-	dropping        bool            // drop instead of handing over: see the rules, and directConsumer.cancel
+	dropping        bool            // drop instead of handing over: see consumerLoop's doc, and directConsumer.cancel
 	src             <-chan Delivery // upstream mode: the Consume chan feeding a ConsumeFunc; nil otherwise or once closed
 	done            <-chan struct{} // a ConsumeFunc's ctx.Done(), nil once seen (or if it has none)
 	out             chan Delivery   // the Consume chan handler; nil for ConsumeFunc's

@@ -15,7 +15,7 @@ import (
 // token refreshed with UpdateSecret expired the old one. Config.Credentials
 // is asked at every login; without it, safe recovery sends the last
 // UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and
-// .NET clients do. A refused login names endpoint and user, never password.
+// .NET clients do. Then a refused login names endpoint and user, not password.
 
 // CredentialsFunc returns the Authentication of a login, as
 // Config.Credentials: a PlainAuth with the current password or token, for

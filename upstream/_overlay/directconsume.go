@@ -58,7 +58,7 @@ type directConsumer struct {
 	ctx            context.Context
 	cur            Delivery       // the one the handler gets, for the whole consumption
 	legacy         consumerReader // legacy mode, while this goroutine may read
-	failed, ended  error          // the handler's error (the rest is requeued); ctx's, once it ended
+	failed, ended  error          // the handler's error (the rest requeued, or dropped if autoAck); ctx's, once it ended
 }
 
 // consumeDirect runs ConsumeFunc's loop over a consumer it serves itself.
@@ -104,7 +104,7 @@ func (dc *directConsumer) ctxDone() {
 	dc.cancel()
 }
 
-// deliver hands next to the handler, or drops it, or requeues it once failed.
+// deliver hands next to the handler, or drops it, or once failed requeues it (!autoAck).
 func (dc *directConsumer) deliver(next *Delivery, drop bool) {
 	d := &dc.cur
 	*d = *next

@@ -43,8 +43,8 @@ type DrainerOptions struct {
 	// DepthWarning is the share of Budget one listener or consumer may
 	// hold before it is warned about. Zero means 0.25; negative, never.
 	DepthWarning float64
-	// WarnInterval is the least time between two warnings about one
-	// listener or consumer. Zero means 30s.
+	// WarnInterval is the least time between two warnings of one sort
+	// (depth, stall) about one listener kind or consumer. Zero means 30s.
 	WarnInterval time.Duration
 	// DropStalledListener, when positive, is how long a notification may
 	// wait for a channel's listener (NotifyPublish, NotifyReturn,

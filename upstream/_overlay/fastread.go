@@ -26,7 +26,7 @@ func (c *frameCursor) take(n int) []byte {
 	return v
 }
 
-// uint reads an n-byte big-endian integer, 0 once a field did not fit.
+// u8, u16 and u64 read a big-endian integer, 0 once a field did not fit.
 func (c *frameCursor) u8() uint8 {
 	if v := c.take(1); v != nil {
 		return v[0]

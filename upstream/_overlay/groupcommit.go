@@ -10,7 +10,7 @@ import (
 
 // With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a
 // write go out together in the next (a group commit), trading latency for system calls:
-// they join the next batch, which its first publisher writes in one writev when the write
+// they join the next batch, which its first publisher writes (writev, groupMaxVecs a call) when the write
 // before ends. A publish returns once written, with its write's error, as upstream's; a
 // lone publisher never waits and allocates nothing. Other frames (acks, RPCs) go through
 // c.sendM between batches.

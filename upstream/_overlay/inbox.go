@@ -28,7 +28,7 @@ func (c *Connection) makeConsumers(id uint16) *consumers {
 // deliveryCost is what a buffered delivery is charged.
 func deliveryCost(d *Delivery) int64 { return frameCost + int64(len(d.Body)) }
 
-// deliver puts d in tag's inbox, or drops it (Close begun, or no consumer).
+// deliver passes d to tag's inbox (put), or drops it (Close begun, or no consumer).
 func (subs *consumers) deliver(tag string, d *Delivery) {
 	acct := subs.acct
 	if acct.obs != nil && acct.obs.Delivered != nil {

@@ -34,9 +34,9 @@ type LegacyOptions struct {
 // Legacy returns the ReadPath of legacy (caller-drives-read) mode, as
 // py-amqp reads; set it as Config.ReadPath. No goroutine reads or sends
 // heartbeats (but AutoDrain's): RPC callers, DrainEvents and confirmation
-// waits read and dispatch frames in turn, under a transport lock that
-// writes take too, so a publish waits for a blocking read. A read error
-// shuts the connection down; a DrainEvents ended by ctx keeps a partial frame.
+// waits read and dispatch frames in turn; a publish waits for a blocking
+// read (AutoDrain's and ConsumeFunc's it cuts short). A read error shuts
+// the connection down; a DrainEvents ended by ctx keeps a partial frame.
 func Legacy(opts LegacyOptions) ReadPath {
 	if opts.CloseTimeout <= 0 {
 		opts.CloseTimeout = defaultCloseTimeout
@@ -71,7 +71,7 @@ type legacyConn struct {
 	genSlot[legacyGen, *legacyGen]
 	opts      LegacyOptions
 	turn      chan struct{} // the read turn, held by sending into it
-	transport sync.Mutex    // held across every socket read and write
+	transport sync.Mutex    // held across every write, and every net.Conn read
 	// transportGuard.lock's counts: writers cutting reads short, stand-ins
 	// (standInSend), ConsumeFunc reads, and plain writers waiting on those.
 	writers, urgent, consumerReads, plainWriters atomic.Int32
@@ -114,7 +114,7 @@ func (c *Connection) handshakeTimeout() time.Duration {
 	return defaultConnectionTimeout
 }
 
-// start prepares a generation; nothing runs until someone calls in.
+// start prepares a generation; only AutoDrain's loop runs without a caller.
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	g := &legacyGen{
 		readGen:  newReadGen(conn),

@@ -9,7 +9,7 @@ import (
 )
 
 // The Observer's publish, confirm, RPC and connection hooks; the others are in inbox.go,
-// consumefunc.go, iocount.go (Settled), recoverytags.go and watch.go.
+// consumefunc.go, iocount.go (Settled), readgen.go (Returned), recoverytags.go, watch.go.
 
 // confirmClock is when each unconfirmed publish of a channel was sent, for
 // ConfirmInfo.Latency; the read path keeps it per channel id, not Channel.

@@ -185,7 +185,7 @@ func (o *outbox) inOrder(f func()) uint64 {
 	return o.queue(action(f))
 }
 
-// closeInOrder runs a close in order, dropping what is queued after closeWait.
+// closeInOrder runs a close in order; what was queued before it is dropped after closeWait.
 func (o *outbox) closeInOrder(f func()) {
 	if seq := o.inOrder(f); seq > 0 {
 		o.dropBefore(seq, o.closeWait)

@@ -13,9 +13,9 @@ import (
 	"time"
 )
 
-// The publish fast path of the drainer and legacy modes: the frames around the body are
-// encoded into one pooled buffer before any lock, then buffer and body go out in one
-// vectored write (writev on TCP), where upstream makes 29 allocations and copies the body.
+// The publish fast path of the drainer and legacy modes: method and header frames are encoded
+// into one pooled buffer before any lock (body frame octets under ch.m), then buffer and body go
+// out in one vectored write (writev on TCP), where upstream makes 29 allocations and copies the body.
 // Bytes, errors and their effect are upstream's (publish_test.go), but a publish that
 // cannot be encoded writes nothing, where upstream writes the frames before the bad one.
 

@@ -9,7 +9,7 @@ import (
 	"sync"
 )
 
-// readMode is what a read mode supplies to readBase (this file).
+// readMode is what a read mode supplies to readBase's methods here.
 type readMode interface {
 	generation() *readGen // nil before the first (genSlot)
 	// awaitReply waits for the reply in rpc, errs (nil for channel 0), the
@@ -17,7 +17,7 @@ type readMode interface {
 	awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
 	flush()                                       // in shutdown, once the socket is closed
 	notifyBlocked(ls []chan Blocking, b Blocking) // to the NotifyBlocked listeners
-	consumerReader() consumerReader               // nil where a goroutine of the connection reads
+	consumerReader() consumerReader               // legacy's (AutoDrain too); nil in the drainer
 }
 
 // consumerReader is legacy's read for a ConsumeFunc (directconsume.go):

@@ -28,7 +28,7 @@ type ReadPath interface {
 // readPath is one Connection's read path, called from the seam's hooks.
 type readPath interface {
 	base() *readBase                                             // what was fixed at attach (readconn.go)
-	start(conn io.ReadWriteCloser)                               // for `go c.reader`: no locks held, before the handshake
+	start(conn io.ReadWriteCloser)                               // for `go c.reader`: c.m, sendM not held, before the handshake
 	heartbeater(interval time.Duration, done chan struct{}) bool // for `go c.heartbeater`; false: run it
 	// connCall waits for a sent channel-0 request's reply, matched into res
 	// as upstream does (errors and rpc read under c.m); chanCall likewise on
@@ -38,7 +38,7 @@ type readPath interface {
 	opened()                               // after a handshake, once upstream cleared the deadlines
 	closing()                              // Close, CloseDeadline or closeWith began, before it waits or sends
 	drainEvents(ctx context.Context) error // Connection.DrainEvents
-	shutdown(err *Error)                   // first in every Connection.shutdown, no lock held; nil: intentional
+	shutdown(err *Error)                   // first in every Connection.shutdown, before it locks; nil: intentional
 	abandon(err *Error)                    // ends the generation as a failed read would, without waiting (bounded.go)
 	// standInSend runs send, a stand-in's channel.close (bounded.go),
 	// without waiting for a read in progress: it may be the abandoned call's.
@@ -205,7 +205,7 @@ func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan
 	}
 }
 
-// errEnded is waitFrames' report that its end chan closed.
+// errEnded is waitFrames' report that its end or stop chan closed.
 var errEnded = errors.New("amqp: the wait ended")
 
 // DrainEvents returns nil once a frame has been dispatched after the call

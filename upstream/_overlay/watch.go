@@ -21,7 +21,7 @@ const (
 
 // watcher warns before a stalled listener fills the budget (stalling every
 // channel) and applies the stall policy, from code that runs anyway (no
-// goroutine or timer), at most once per interval per listener or consumer.
+// goroutine or timer), at most once per interval per sort, listener kind or consumer.
 // nil when DrainerOptions set neither a Logger nor DropStalledListener.
 type watcher struct {
 	log       *slog.Logger // never nil: a discarding logger without Logger
