@@ -51,9 +51,10 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 //   - the channel's or connection's close error (a *Error, or ErrClosed),
 //     or ErrConsumerCancelled when the broker cancels the consumer.
 //
-// In legacy mode ConsumeFunc reads the socket itself while it waits and
-// nobody else reads, as rabbitmq-c's amqp_consume_message, so it needs no
-// DrainEvents loop; a write from another goroutine cuts such a read short.
+// While it waits with nothing queued, ConsumeFunc reads the socket itself.
+// Legacy: when nobody else reads (no DrainEvents loop needed; another's
+// write cuts the read short). Drainer: while bytes flow, the drainer lends
+// it the read, taking it back within about 2 ms of a handler running long.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -119,7 +119,7 @@ func (l *consumerLoop) wait(next *Delivery) {
 	}
 }
 
-// turnToTake returns the legacy read turn if no other event is ready (took: l.in read).
+// turnToTake returns the read turn if no other event is ready (took: l.in read).
 func (l *consumerLoop) turnToTake() (turn chan struct{}, took bool) {
 	if l.fn == nil || l.fn.turn() == nil {
 		return nil, false

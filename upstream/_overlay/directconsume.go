@@ -57,7 +57,7 @@ type directConsumer struct {
 	pooled, poison bool // bodies from the pool (bodypool.go); ConsumeFuncOptions.PoisonRecycled
 	ctx            context.Context
 	cur            Delivery       // the one the handler gets, for the whole consumption
-	legacy         consumerReader // legacy mode, while this goroutine may read
+	reader         consumerReader // legacy's turn or the drainer's lease, while this goroutine may read
 	failed, ended  error          // the handler's error (the rest requeued, or dropped if autoAck); ctx's, once it ended
 }
 
@@ -65,7 +65,7 @@ type directConsumer struct {
 func (ch *Channel) consumeDirect(h startedConsumer, dc *directConsumer, closed <-chan *Error) error {
 	defer ch.consumers.acct.endDirect(h)
 	if rp := ch.connection.rp; rp != nil {
-		dc.legacy = rp.base().mode.consumerReader()
+		dc.reader = rp.base().mode.consumerReader()
 	}
 	return dc.serve(ch.consumers.loop(h), closed)
 }
@@ -83,18 +83,18 @@ func (dc *directConsumer) serve(l *consumerLoop, closed <-chan *Error) error {
 	return consumeEnded(closed)
 }
 
-// turn is the legacy read turn, nil once ending (cancel-ok is read).
+// turn is the read turn to take, nil once ending (cancel-ok is read).
 func (dc *directConsumer) turn() chan struct{} {
-	if dc.legacy == nil || dc.ended != nil || dc.failed != nil || dc.dropping {
+	if dc.reader == nil || dc.ended != nil || dc.failed != nil || dc.dropping {
 		return nil
 	}
-	return dc.legacy.readTurn()
+	return dc.reader.readTurn()
 }
 
 // readTurn reads with the turn; after an error, others' reads bring the rest.
 func (dc *directConsumer) readTurn() {
-	if err := dc.legacy.pumpFor(dc.ctx, dc.box); err != nil {
-		dc.legacy = nil
+	if err := dc.reader.pumpFor(dc.ctx, dc.box); err != nil {
+		dc.reader = nil
 	}
 }
 

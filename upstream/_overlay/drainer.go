@@ -95,6 +95,7 @@ func (m drainerMode) attach(c *Connection) readPath {
 	d.watch = newWatcher(o, d.budget)
 	d.buffers.watch = d.watch
 	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
+	d.confirmWait = d.reclaim
 	return d
 }
 
@@ -124,11 +125,19 @@ type drainGen struct {
 	lastBeat  uint64        // sent at the previous heartbeat check
 	beatReady chan struct{} // closed when the heartbeat interval is known
 	activity  activity      // wakes DrainEvents after frames are dispatched
+	lease                   // the read turn, and its lending to ConsumeFuncs (readlease.go)
+	// The read state, the turn holder's alone:
+	split            *frameSplitter
+	cr               *contentReader
+	nc               net.Conn  // conn, if it is one: reads with deadlines
+	lastRecv, dutyAt time.Time // the last read that brought bytes; the last heartbeat duty (heartbeatClock)
+	capped           bool      // the read deadline is a lessee's cap
 }
 
 // start runs a new generation's drainer once the previous one has exited.
 func (d *drainConn) start(conn io.ReadWriteCloser) {
-	g := &drainGen{readGen: newReadGen(conn), d: d, done: make(chan struct{}), beatReady: make(chan struct{})}
+	g := &drainGen{readGen: newReadGen(conn), d: d, done: make(chan struct{}), beatReady: make(chan struct{}),
+		lease: lease{turn: make(chan struct{}, 1), back: make(chan struct{}, 1)}}
 	prev := d.replace(g)
 	d.install(&g.readGen, &socketWriter{conn: conn, end: &g.genEnd, counts: &d.io,
 		sent: func(n int64) { g.sent.Add(uint64(n)) }})
@@ -158,61 +167,84 @@ func (g *drainGen) run(d *drainConn, prev *drainGen) {
 }
 
 // loop reads and routes frames; nil after connection.close or a chosen end.
+// Between reads it may lend the read turn to a waiting ConsumeFunc (lend).
 func (g *drainGen) loop(d *drainConn) *Error {
-	split := newFrameSplitter(&d.c.maxFrameSize)
-	split.counts = &d.io
-	cr := &contentReader{budget: d.budget}
-	defer cr.release() // content cut short by the generation's end
-	deadliner, _ := g.conn.(net.Conn)
-	lastRecv := time.Now()
-	var dutyAt time.Time // last heartbeat duty (heartbeatClock); zero until heartbeats start
+	g.split = newFrameSplitter(&d.c.maxFrameSize)
+	g.split.counts = &d.io
+	g.cr = &contentReader{budget: d.budget}
+	defer g.cr.release() // content cut short by the generation's end
+	g.nc, _ = g.conn.(net.Conn)
+	g.lastRecv = time.Now()
+	g.turn <- struct{}{}
 	for {
-		if stop, err := d.routeFrames(g, cr, split, nil); stop {
+		if over, below := d.budget.over(); over {
+			if resumed, err := g.pause(d, below, g.clock().interval); !resumed {
+				return err
+			}
+			g.lastRecv = time.Now() // a pause we chose is not a silent broker
+		}
+		if _, stop, err := g.readStep(d, 0); stop {
 			return err
 		}
-		g.activity.wake()
-		hb := g.clock()
-		if over, below := d.budget.over(); over {
-			if resumed, err := g.pause(d, below, hb.interval); !resumed {
+		if g.wanted.Load() && g.nc != nil && g.wanted.Swap(false) {
+			if stop, err := g.lend(); stop {
 				return err
 			}
-			lastRecv = time.Now() // a pause we chose is not a silent broker
-		}
-		if hb.interval > 0 && deadliner != nil {
-			if dutyAt.IsZero() {
-				dutyAt = time.Now()
-			}
-			_ = deadliner.SetReadDeadline(hb.readDeadline(lastRecv, dutyAt))
-		}
-		n, err := split.fill(g.conn)
-		if n > 0 {
-			lastRecv = time.Now()
-			if hb.interval > 0 && hb.piggyback(dutyAt, lastRecv) {
-				if err := g.beat(d, hb.interval); err != nil {
-					return err
-				}
-				dutyAt = lastRecv
-			}
-		}
-		switch {
-		case err == nil:
-		case hb.interval > 0 && errors.Is(err, errDeadline):
-			now := time.Now()
-			if err := hb.timeout(lastRecv, now); err != nil {
-				return err
-			}
-			if hb.dutyDue(dutyAt, now) {
-				if err := g.beat(d, hb.interval); err != nil {
-					return err
-				}
-				dutyAt = now
-			}
-		case g.isDead():
-			return nil // closed on purpose: Close, a watchdog, or a write error
-		default:
-			return &Error{Code: FrameError, Reason: err.Error()}
 		}
 	}
+}
+
+// readStep reads once, then routes what is complete: the turn holder's.
+// A positive quiet (a lessee's) caps the read's wait; idle reports that the
+// cap passed with nothing read.
+func (g *drainGen) readStep(d *drainConn, quiet time.Duration) (idle, stop bool, err *Error) {
+	hb := g.clock()
+	if g.nc != nil && (hb.interval > 0 || quiet > 0 || g.capped) {
+		var deadline time.Time
+		if hb.interval > 0 {
+			if g.dutyAt.IsZero() {
+				g.dutyAt = time.Now()
+			}
+			deadline = hb.readDeadline(g.lastRecv, g.dutyAt)
+		}
+		if cap := time.Now().Add(quiet); quiet > 0 && (deadline.IsZero() || cap.Before(deadline)) {
+			deadline = cap
+		}
+		g.capped = quiet > 0
+		_ = g.nc.SetReadDeadline(deadline)
+	}
+	n, rerr := g.split.fill(g.conn)
+	if n > 0 {
+		g.lastRecv = time.Now()
+		if hb.interval > 0 && hb.piggyback(g.dutyAt, g.lastRecv) {
+			if err := g.beat(d, hb.interval); err != nil {
+				return false, true, err
+			}
+			g.dutyAt = g.lastRecv
+		}
+	}
+	switch {
+	case rerr == nil:
+	case (hb.interval > 0 || g.capped) && errors.Is(rerr, errDeadline):
+		now := time.Now()
+		if err := hb.timeout(g.lastRecv, now); err != nil {
+			return false, true, err
+		}
+		if hb.interval > 0 && hb.dutyDue(g.dutyAt, now) {
+			if err := g.beat(d, hb.interval); err != nil {
+				return false, true, err
+			}
+			g.dutyAt = now
+		}
+		idle = g.capped
+	case g.isDead():
+		return false, true, nil // closed on purpose: Close, a watchdog, or a write error
+	default:
+		return false, true, &Error{Code: FrameError, Reason: rerr.Error()}
+	}
+	stop, err = d.routeFrames(g, g.cr, g.split, nil)
+	g.activity.wake()
+	return idle, stop, err
 }
 
 // route0 routes a channel-0 frame, counted first: a caller it wakes must
@@ -292,6 +324,7 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) *Error {
 // awaitReply is readMode.awaitReply. The end overtakes what dispatchers
 // still have to run, so a channel's caller waits for them (CloseTimeout).
 func (d *drainConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
+	_ = d.reclaim(ctx, nil)
 	g := d.current()
 	var err error
 	select {
@@ -318,10 +351,9 @@ func (d *drainConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan m
 }
 
 // Simple hooks: route stops the drainer after connection.close, nothing
-// holds the socket across a read, and the drainer reads for everyone.
+// holds the socket across a read, and RPC callers wait for its reader.
 func (g *drainGen) endedInline() bool                    { return false }
 func (d *drainConn) standInSend(send func() error) error { return send() }
-func (d *drainConn) consumerReader() consumerReader      { return nil }
 func (d *drainConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	return waitReply(ctx, errs, rpc)
 }

@@ -50,7 +50,7 @@ type readBase struct {
 	rpcTimeout   time.Duration // the options' RPCTimeout
 	closeTimeout time.Duration // the options' CloseTimeout
 	deliveries   *budget       // what consumer buffers count against (legacy never pauses)
-	confirmWait  confirmPump   // reads frames for DeferredConfirmation.Wait (legacy), or nil
+	confirmWait  confirmPump   // for DeferredConfirmation.Wait: legacy reads, the drainer reclaims its turn
 	closeIntent                // Close was called: waiters get ErrClosedIntentionally
 	blocks       blockGate
 	pub          publishOut    // the generation's socket writer, under c.sendM (publish.go)

@@ -17,10 +17,10 @@ type readMode interface {
 	awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
 	flush()                                       // in shutdown, once the socket is closed
 	notifyBlocked(ls []chan Blocking, b Blocking) // to the NotifyBlocked listeners
-	consumerReader() consumerReader               // legacy's (AutoDrain too); nil in the drainer
+	consumerReader() consumerReader               // legacy's turn, or the drainer's lease (readlease.go)
 }
 
-// consumerReader is legacy's read for a ConsumeFunc (directconsume.go):
+// consumerReader is a ConsumeFunc's own read (directconsume.go):
 // send into readTurn to take the turn, then pumpFor reads one for box.
 type consumerReader interface {
 	readTurn() chan struct{}

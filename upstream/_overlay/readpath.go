@@ -97,7 +97,7 @@ func (c *Connection) rpShutdown(err *Error) {
 	}
 }
 
-// confirmPump reads frames until done is closed, or returns ctx.Err().
+// confirmPump reads frames until done is closed (legacy), or has them read (drainer); err: ctx.Err().
 type confirmPump func(ctx context.Context, done <-chan struct{}) error
 
 // confirmPump is what a new DeferredConfirmation calls while waiting.
