@@ -63,7 +63,7 @@
 //  10. Bounded calls, on request. Options.RPCTimeout (off by default)
 //     bounds every synchronous method for code that cannot pass a
 //     context; the ...WithContext methods take one in every mode. An
-//     abandoned call closes its channel (see the README, "Bounded calls").
+//     abandoned call closes its channel (see docs/bounded-calls.md).
 //  11. Nothing more for consumers once Close has begun. The broker answers
 //     connection.close only after the publishes written before it, which
 //     it routes and may deliver while Close waits; those deliveries, and

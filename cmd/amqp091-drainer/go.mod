@@ -4,7 +4,7 @@
 // replace directives, and the root module's go.mod must replace
 // amqp091-go with the patched tree. In a checkout, go.work joins the two;
 // releasing sets the requirement below to the root module's new tag
-// (see "Releasing" in README.md).
+// (see docs/releasing.md).
 module github.com/amqp091-drainer/amqp091-drainer/cmd/amqp091-drainer
 
 go 1.26.0

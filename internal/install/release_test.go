@@ -37,7 +37,7 @@ var e2eVersion = fmt.Sprintf("v0.0.1-e2e.%d", time.Now().UnixNano())
 // a release would publish them to the real one: the root module from the
 // files of the checkout (tracked or not ignored, as git sees them), and the
 // command's module with its requirement set to the root's new version, as
-// "Releasing" in README.md does it.
+// docs/releasing.md does it.
 func TestInstallAtVersion(t *testing.T) {
 	sc := newScratch(t)
 	repo, err := filepath.Abs(filepath.Join("..", ".."))

@@ -191,7 +191,7 @@ func check(t *testing.T, cfg clusterfaults.Config, res []clusterfaults.Result) (
 	return failures
 }
 
-// writeReport leaves the table under .cache/cluster for the README.
+// writeReport leaves the table under .cache/cluster for docs/clusters.md.
 func writeReport(t *testing.T, table string) {
 	dir := filepath.Join("..", "..", ".cache", "cluster")
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -87,7 +87,7 @@ func TestRabbitMQNackStormAfterLeaderElection(t *testing.T) {
 	t.Logf("channel opened during the election: %d acks, %d nacks (%d acks after the first nack); opened after it: %d acks, %d nacks",
 		oldAcks, oldNacks, acksAfterNack, freshAcks, freshNacks)
 	if acksAfterNack > 0 {
-		t.Errorf("the channel first used during the election was acked again after a nack (%d acks): RabbitMQ's nack storm ended by itself; revisit failover's reopen-on-nack and the README", acksAfterNack)
+		t.Errorf("the channel first used during the election was acked again after a nack (%d acks): RabbitMQ's nack storm ended by itself; revisit failover's reopen-on-nack and docs/clusters.md", acksAfterNack)
 	}
 	if freshAcks == 0 || freshNacks > 0 {
 		t.Errorf("a channel opened after the election: %d acks, %d nacks; want acks only", freshAcks, freshNacks)
@@ -169,7 +169,7 @@ func TestRabbitMQHealedPartitionStaysRecorded(t *testing.T) {
 		return err == nil && len(p) > 0
 	})
 	if !recorded {
-		t.Fatal("no partition recorded after the heal: RabbitMQ's ignore mode now heals by itself; revisit HealAndRejoin and the README")
+		t.Fatal("no partition recorded after the heal: RabbitMQ's ignore mode now heals by itself; revisit HealAndRejoin and docs/clusters.md")
 	}
 	t.Logf("recorded after the heal: %v", parts)
 	// Still recorded four ticks later.
@@ -178,7 +178,7 @@ func TestRabbitMQHealedPartitionStaysRecorded(t *testing.T) {
 		return err == nil && len(p) == 0
 	})
 	if cleared {
-		t.Error("the partition cleared by itself after the heal: RabbitMQ's ignore mode now heals; revisit HealAndRejoin and the README")
+		t.Error("the partition cleared by itself after the heal: RabbitMQ's ignore mode now heals; revisit HealAndRejoin and docs/clusters.md")
 	}
 }
 

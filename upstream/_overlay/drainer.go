@@ -59,7 +59,7 @@ type DrainerOptions struct {
 	// connection is being written go out together in the next write
 	// (groupcommit.go); each still returns once its own frames are
 	// written, with that write's error. It trades CPU and latency for
-	// system calls and fairness (the README has figures). Off by
+	// system calls and fairness (docs/publishing.md has figures). Off by
 	// default; worth trying where writes are costly (TLS).
 	CoalescePublishes bool
 	// Observer, if not nil, is called from the fast paths (observe.go).
