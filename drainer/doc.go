@@ -5,9 +5,14 @@
 //
 // The contract, per connection:
 //
-//  1. Ownership. Exactly one drainer goroutine reads the socket. It starts
-//     when the connection opens, and again after each successful Reconnect
-//     once the previous one has exited. Close stops it.
+//  1. Ownership. Exactly one drainer goroutine owns the socket read. It
+//     starts when the connection opens, and again after each successful
+//     Reconnect once the previous one has exited. Close stops it. It may
+//     lend the read to a ConsumeFunc that waits with nothing queued (see
+//     Pooled consumption), and takes it back within about 2 ms of that
+//     handler running long, and at once when anyone waits for a reply or a
+//     confirm; one goroutine reads at a time, and the rest of this
+//     contract holds whoever reads.
 //  2. It never blocks on user code. Notifications (NotifyPublish,
 //     NotifyReturn, NotifyFlow, NotifyCancel, NotifyBlocked) are queued per
 //     channel (and for the connection), and delivered by a short-lived
@@ -118,7 +123,10 @@
 // body would read another message's bytes, now and then. There is no chan
 // in between: the ConsumeFunc goroutine takes every delivery the drainer
 // has queued for its consumer per wake-up, where a Consume chan wakes its
-// reader once per delivery.
+// reader once per delivery. While deliveries stream and it waits with
+// nothing queued, it reads the socket itself (leader/follower): it decodes
+// inline and runs its deliveries with no goroutine hop, and frames for
+// everything else are routed as the drainer routes them.
 //
 // # What it holds, and warnings
 //

@@ -175,6 +175,8 @@ func (g *drainGen) loop(d *drainConn) *Error {
 	defer g.cr.release() // content cut short by the generation's end
 	g.nc, _ = g.conn.(net.Conn)
 	g.lastRecv = time.Now()
+	g.watch = time.NewTimer(leaseCheck)
+	g.watch.Stop()
 	g.turn <- struct{}{}
 	for {
 		if over, below := d.budget.over(); over {

@@ -9,15 +9,13 @@ import (
 )
 
 // Leader/follower reading (#29). A ConsumeFunc with nothing queued may
-// read the socket itself, decode inline and run its deliveries with no
-// goroutine hop, while the drainer parks. The drainer lends its turn only
-// between reads that brought bytes, and takes it back when a lessee's
-// read found the socket quiet for leaseQuiet, when the budget is over,
-// when the generation ends, or when no lessee read began or ended for a
-// leaseCheck tick, as when a handler runs long: then the socket waits at
-// most two ticks for a reader. A caller that waits for a reply or a
-// confirm has it taken back at once (reclaim), since no lessee may read. A lessee reads exactly as the drainer does
-// (readStep): routing, heartbeats and the order of every listener hold.
+// read the socket itself as the drainer would (readStep), running its own
+// deliveries with no goroutine hop, while the drainer parks. The drainer
+// lends its turn after reads that brought bytes; it takes it back when a
+// lessee's read found the socket quiet for leaseQuiet, the budget is over
+// or the generation ends; when no lessee read ended for leaseCheck and none
+// is under way (a handler runs long); and at once for a caller waiting for
+// a reply or a confirm (reclaim), since no lessee may be reading.
 const (
 	leaseCheck = time.Millisecond
 	leaseQuiet = time.Millisecond
@@ -29,7 +27,8 @@ type lease struct {
 	back    chan struct{} // cap 1: a lessee gives the turn back to the drainer
 	wanted  atomic.Bool   // a ConsumeFunc waits with the turn as one of its cases
 	lent    atomic.Bool   // the drainer is parked in lend
-	moves   atomic.Uint64 // lessee reads begun and ended: what the drainer's tick looks for
+	readEnd atomic.Int64  // monoNow at a lessee's last read's end, for the watch
+	watch   *time.Timer   // the drainer's, running in lend: fires leaseCheck after readEnd
 	stopped bool          // a lessee's read ended the generation, with stopErr (turn held)
 	stopErr *Error
 }
@@ -51,21 +50,26 @@ func (g *drainGen) readTurn() chan struct{} {
 }
 
 // lend parks the drainer with its turn lent out until it is given back,
-// or no lessee moved for a tick; stop once g ended (turn not held).
+// or the watch fires with no lessee read for leaseCheck; stop once g ended
+// (turn not held). Lessees push the watch back: streaming wakes nobody.
 func (g *drainGen) lend() (stop bool, err *Error) {
 	g.lent.Store(true)
 	defer g.lent.Store(false)
+	g.readEnd.Store(monoNow())
+	g.watch.Reset(leaseCheck)
+	defer g.watch.Stop()
 	<-g.turn
-	tick := time.NewTicker(leaseCheck)
-	defer tick.Stop()
-	for seen := g.moves.Load(); ; {
+	for {
 		select {
 		case <-g.dead:
 			return true, nil
 		case <-g.back:
-		case <-tick.C:
-			if moved := g.moves.Load(); moved != seen || len(g.turn) > 0 {
-				seen = moved
+		case <-g.watch.C: // maybe stale (asynctimerchan): readEnd decides
+			if quiet := time.Duration(monoNow() - g.readEnd.Load()); len(g.turn) > 0 {
+				g.watch.Reset(leaseCheck) // a read is under way
+				continue
+			} else if quiet < leaseCheck {
+				g.watch.Reset(leaseCheck - quiet)
 				continue
 			}
 		}
@@ -95,9 +99,9 @@ func (g *drainGen) pumpFor(_ context.Context, box *inbox) error {
 		g.giveBack() // the drainer pauses
 		return nil
 	}
-	g.moves.Add(1)
 	idle, stop, err := g.readStep(g.d, leaseQuiet)
-	g.moves.Add(1)
+	g.readEnd.Store(monoNow())
+	g.watch.Reset(leaseCheck)
 	if stop {
 		g.stopped, g.stopErr = true, err
 		g.giveBack()
