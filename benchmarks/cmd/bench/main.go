@@ -16,7 +16,7 @@
 //
 // -plan picks a named selection of the suite (plans.go): full, the
 // default, runs everything and writes BENCHMARKS.md; quick, what `make
-// bench` runs, the headline scenarios in about 6 minutes, with its report
+// bench` runs, the headline scenarios in 5-6 minutes, with its report
 // under .cache/bench/quick. -dry-run prints what a run would measure.
 //
 //	go run ./benchmarks/cmd/bench                       # everything, 3 reps
