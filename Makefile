@@ -5,7 +5,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster rebase canary drift
+.PHONY: vendor test bench bench-full ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster rebase canary drift
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
@@ -27,9 +27,14 @@ soak: vendor
 cluster:
 	@scripts/cluster-tests full
 
-## bench: the A/B benchmark suite with defaults (3 reps, every scenario); writes BENCHMARKS.md
+## bench: the headline scenarios, pristine against the patched build in legacy and drainer modes, 3 reps (5-6 minutes);
+## report in .cache/bench/quick/BENCHMARKS.md. FULL=1: the whole suite, as bench-full (the runner's -plan quick or full)
 bench: vendor
-	scripts/bench
+	scripts/bench -plan $(if $(FULL),full,quick)
+
+## bench-full: the whole A/B suite (every scenario, variant and section, 3 reps; about 30 minutes); writes BENCHMARKS.md and benchmarks/results
+bench-full: vendor
+	scripts/bench -plan full
 
 ## ab: pristine against patched (drainer mode) through benchstat, on a subset (scripts/ab -h)
 ab: vendor

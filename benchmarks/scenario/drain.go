@@ -48,6 +48,7 @@ func init() {
 		Cases: []string{drainConsume, drainConsumeFunc},
 		// The references do not use amqp091-go's API: once is enough.
 		ReferenceCase: drainConsume,
+		Counted:       true,
 		Timeout:       2 * time.Minute,
 		Run:           runDrain,
 		Report: Report{

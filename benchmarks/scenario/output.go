@@ -28,6 +28,7 @@ type Listing struct {
 	ReferenceCase string        `json:"reference_case,omitempty"`
 	Reps          int           `json:"reps"`
 	QuickReps     int           `json:"quick_reps,omitempty"`
+	Counted       bool          `json:"counted,omitempty"`
 	Concurrent    bool          `json:"concurrent"`
 	Timeout       time.Duration `json:"timeout"`
 }

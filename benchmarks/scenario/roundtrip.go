@@ -45,6 +45,7 @@ func init() {
 			"(getrusage nvcsw). A CPU profile of the run (runtime/pprof, its cost included) is saved " +
 			"beside the results.",
 		Cases:   []string{"size=4096"},
+		Counted: true,
 		Timeout: 2 * time.Minute,
 		Run:     runRoundtrip,
 		Report: Report{

@@ -47,6 +47,9 @@ type Scenario struct {
 	Reps int
 	// QuickReps, when non-zero, is the repetition count under -quick.
 	QuickReps int
+	// Counted says that the scenario takes a message count (Env.Count),
+	// which the runner's -n and its plans set.
+	Counted bool
 	// Concurrent lets the runner start every variant and repetition of a
 	// case at once. Only for scenarios whose measurement is per process
 	// and that load neither broker nor CPU (a throttled transfer).

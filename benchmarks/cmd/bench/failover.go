@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/hist"
@@ -227,33 +226,4 @@ func writeFailover(w func(string, ...any), f *failoverResult) {
 		w("\n")
 	}
 	w("<details><summary>every cell</summary>\n\n%s\n</details>\n\n", f.Table)
-}
-
-// failoverWanted says whether -scenarios asks for the failover scenario.
-func failoverWanted(cfg config) bool {
-	if cfg.scenarios == "" {
-		return true
-	}
-	for _, s := range strings.Split(cfg.scenarios, ",") {
-		if s == failoverScenario {
-			return true
-		}
-	}
-	return false
-}
-
-// withoutFailover drops the failover scenario from -scenarios, for the
-// per-process scenario plan; ok is false when nothing else is left.
-func withoutFailover(cfg config) (config, bool) {
-	if cfg.scenarios == "" {
-		return cfg, true
-	}
-	var rest []string
-	for _, s := range strings.Split(cfg.scenarios, ",") {
-		if s != failoverScenario {
-			rest = append(rest, s)
-		}
-	}
-	cfg.scenarios = strings.Join(rest, ",")
-	return cfg, len(rest) > 0
 }

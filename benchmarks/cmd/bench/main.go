@@ -14,7 +14,14 @@
 // instead compares the pristine build with the patched build in one mode,
 // through benchstat.
 //
+// -plan picks a named selection of the suite (plans.go): full, the
+// default, runs everything and writes BENCHMARKS.md; quick, what `make
+// bench` runs, the headline scenarios in 5-6 minutes, with its report
+// under .cache/bench/quick. -dry-run prints what a run would measure.
+//
 //	go run ./benchmarks/cmd/bench                       # everything, 3 reps
+//	go run ./benchmarks/cmd/bench -plan quick           # the headline scenarios
+//	go run ./benchmarks/cmd/bench -plan quick -dry-run  # what it would run
 //	go run ./benchmarks/cmd/bench -scenarios throughput -reps 5
 //	go run ./benchmarks/cmd/bench -ab -mode drainer -scenarios stalled-consumer,throughput
 package main
@@ -39,25 +46,39 @@ import (
 
 func main() {
 	var cfg config
-	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each measurement (scenarios that fix their own count keep it)")
-	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios to run; empty means all")
-	flag.StringVar(&cfg.variants, "variants", "", "comma-separated variants (pristine,upstream,legacy,drainer); empty means all")
+	flag.StringVar(&cfg.plan, "plan", "full", "the named plan to run, "+planNames()+": full is every scenario and section, writing BENCHMARKS.md; "+
+		"quick the headline scenarios, pristine against legacy and drainer, writing .cache/bench/quick/BENCHMARKS.md; the flags below override its choices")
+	flag.BoolVar(&cfg.dryRun, "dry-run", false, "print what the plan would measure, and where it would write, and exit: no build, no broker")
+	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each measurement (scenarios that fix their own count keep it); default: the plan's")
+	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios to run, with the sections failover and overhead; empty means all; default: the plan's")
+	flag.StringVar(&cfg.variants, "variants", "", "comma-separated variants (pristine,upstream,legacy,drainer); empty means all; default: the plan's")
 	flag.BoolVar(&cfg.quick, "quick", false, "smoke-test sizes: checks the suite runs, measures nothing worth quoting")
-	flag.IntVar(&cfg.messages, "n", 0, "message count for the scenarios that take one (drain, roundtrip); 0 means each one's default")
-	flag.StringVar(&cfg.report, "report", "BENCHMARKS.md", "the Markdown report to write")
-	flag.StringVar(&cfg.results, "results", "benchmarks/results", "directory for the raw JSON and the charts")
+	flag.IntVar(&cfg.messages, "n", 0, "message count for the scenarios that take one (drain, roundtrip); 0 means each one's default, or the plan's")
+	flag.StringVar(&cfg.report, "report", "BENCHMARKS.md", "the Markdown report to write; default: the plan's")
+	flag.StringVar(&cfg.results, "results", "benchmarks/results", "directory for the raw JSON and the charts; default: the plan's")
 	flag.BoolVar(&cfg.ab, "ab", false, "compare the pristine build with the patched build in -mode through benchstat, instead of writing the report")
 	flag.StringVar(&cfg.abMode, "mode", "drainer", "with -ab: the patched build's read mode")
 	flag.StringVar(&cfg.baseline, "baseline", "", "a benchscenario binary built from an earlier commit (scripts/bench-baseline REV prints one): each patched variant also runs in it, as <variant>-old, alternated with this build's")
 	flag.BoolVar(&cfg.coalesce, "coalesce", false, "also run the drainer and legacy variants with CoalescePublishes on, as drainer-coalesce and legacy-coalesce")
 	flag.BoolVar(&cfg.render, "render", false, "measure nothing: rewrite the report and the charts from -results' results.json (after a change to the report's code)")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	cfg.command = commandLine(cfg.plan, set, os.Args[1:])
+	var err error
+	if cfg, err = applyPlan(cfg, set); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	run := runSuite
-	if cfg.render {
+	switch {
+	case cfg.render:
 		run = func(_ context.Context, cfg config) error { return render(cfg) }
+	case cfg.dryRun:
+		run = func(_ context.Context, cfg config) error { return dryRun(cfg) }
 	}
 	if err := run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -65,8 +86,11 @@ func main() {
 	}
 }
 
-// config is the command line.
+// config is the command line, with the plan's choices filled in.
 type config struct {
+	plan            string
+	command         string // what the report says generated it
+	dryRun          bool
 	reps            int
 	scenarios       string
 	variants        string
@@ -78,6 +102,10 @@ type config struct {
 	render          bool
 	baseline        string
 	coalesce        bool
+	// cases and sizes are the plan's, by scenario: the cases it runs
+	// (all when absent) and its message count (-n) where it sets one.
+	cases map[string][]string
+	sizes map[string]int
 }
 
 func runSuite(ctx context.Context, cfg config) error {
@@ -113,12 +141,17 @@ func runSuite(ctx context.Context, cfg config) error {
 		plan plan
 		runs []run
 	)
-	if planCfg, others := withoutFailover(cfg); others {
-		if plan, err = makePlan(planCfg, bins); err != nil {
+	if planCfg, others := withoutSections(cfg); others {
+		all, err := listScenarios(bins)
+		if err != nil {
 			return err
 		}
-		logf("%d measurements planned", plan.count())
-		r := runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick, messages: cfg.messages}
+		if plan, err = makePlan(planCfg, all, bins.cclient != ""); err != nil {
+			return err
+		}
+		logf("plan %s: %d measurements", cfg.plan, plan.count())
+		r := runner{bins: bins, toxiproxy: toxURL, brokerURL: env.BrokerURL, quick: cfg.quick,
+			prior: priorDurations(cfg.results, cfg.quick, plan.messages)}
 		if !cfg.ab {
 			// Runs save their artefacts (CPU profiles) beside the results.
 			if err := os.MkdirAll(cfg.results, 0o755); err != nil {
@@ -129,7 +162,7 @@ func runSuite(ctx context.Context, cfg config) error {
 		runs = plan.execute(ctx, r)
 	}
 	env.Seconds = time.Since(start).Seconds()
-	env.Reps, env.Quick = cfg.reps, cfg.quick
+	env.Reps, env.Quick, env.Plan, env.Command = cfg.reps, cfg.quick, cfg.plan, cfg.command
 
 	if cfg.ab {
 		return abCompare(ctx, cfg, runs)
@@ -145,18 +178,22 @@ func runSuite(ctx context.Context, cfg config) error {
 			}
 		}
 	}
-	if cfg.scenarios == "" || contains(strings.Split(cfg.scenarios, ","), "allocations") {
+	if microWanted(cfg) {
 		logf("micro-benchmarks (benchmarks/micro), both builds")
 		if suite.Micro, err = runMicro(ctx, cfg.quick); err != nil {
 			return err
 		}
 	}
-	if failoverWanted(cfg) {
+	if sectionWanted(cfg, failoverScenario) {
 		suite.Failover = runFailover(ctx, cfg)
 		if suite.Failover.Skipped != "" {
 			logf("failover: skipped: %s", suite.Failover.Skipped)
 		}
 	}
+	if sectionWanted(cfg, overheadScenario) {
+		suite.Overhead = runOverhead(ctx, env.BrokerURL, cfg.quick)
+	}
+	suite.Env.TotalSeconds = time.Since(start).Seconds()
 	if err := writeJSON(filepath.Join(cfg.results, "results.json"), suite); err != nil {
 		return err
 	}
@@ -167,7 +204,24 @@ func runSuite(ctx context.Context, cfg config) error {
 	if err := writeReport(cfg.report, suite, charts, cfg.results); err != nil {
 		return err
 	}
-	logf("wrote %s, %s/results.json and %d charts in %s", cfg.report, cfg.results, len(charts), time.Since(start).Round(time.Second))
+	logf("wrote %s/results.json and %d charts in %s", cfg.results, len(charts), time.Since(start).Round(time.Second))
+	logf("report: %s", cfg.report)
+	return errOverhead(suite.Overhead)
+}
+
+// dryRun prints what runSuite would measure, from the runner's own list
+// of the scenarios, building and measuring nothing. The C client's drain
+// is listed as if it built.
+func dryRun(cfg config) error {
+	planCfg, others := withoutSections(cfg)
+	var p plan
+	if others {
+		var err error
+		if p, err = makePlan(planCfg, registryListing(), true); err != nil {
+			return err
+		}
+	}
+	printPlan(os.Stdout, cfg, p)
 	return nil
 }
 

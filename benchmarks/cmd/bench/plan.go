@@ -29,6 +29,8 @@ type measurement struct {
 	c        string
 	variant  scenario.Variant
 	rep      int
+	reps     int // of this case, for the progress lines
+	messages int // benchscenario -n; 0 for the scenario's own count
 }
 
 // A run is a measurement and what it printed.
@@ -42,6 +44,9 @@ type run struct {
 type plan struct {
 	scenarios []listing
 	groups    [][]measurement
+	// messages is the message count each scenario was given (-n or the
+	// plan's), where it was given one.
+	messages map[string]int
 }
 
 func (p plan) count() int {
@@ -52,22 +57,42 @@ func (p plan) count() int {
 	return n
 }
 
-// makePlan lists the scenarios and lays out their measurements.
-func makePlan(cfg config, bins binaries) (plan, error) {
+// listScenarios asks the patched build which scenarios it has.
+func listScenarios(bins binaries) ([]listing, error) {
 	out, err := exec.Command(bins.patched, "-list").Output()
 	if err != nil {
-		return plan{}, fmt.Errorf("%s -list: %w", bins.patched, err)
+		return nil, fmt.Errorf("%s -list: %w", bins.patched, err)
 	}
 	var all []listing
 	if err := json.Unmarshal(out, &all); err != nil {
-		return plan{}, err
+		return nil, err
 	}
-	var p plan
+	return all, nil
+}
+
+// makePlan lays out the measurements of the listed scenarios that cfg
+// selects; withCClient says whether the C client's drain was built.
+func makePlan(cfg config, all []listing, withCClient bool) (plan, error) {
+	p := plan{messages: map[string]int{}}
 	for _, s := range all {
 		if cfg.scenarios != "" && !contains(strings.Split(cfg.scenarios, ","), s.Name) {
 			continue
 		}
+		s.Cases = cfg.casesFor(s.Name, s.Cases)
+		if len(s.Cases) == 0 {
+			return p, fmt.Errorf("%s: the plan names none of its cases", s.Name)
+		}
 		p.scenarios = append(p.scenarios, s)
+		n := cfg.messagesFor(s.Name)
+		if n > 0 && !s.Counted {
+			if _, planned := cfg.sizes[s.Name]; planned {
+				return p, fmt.Errorf("%s: the plan gives it a message count, which it does not take", s.Name)
+			}
+			n = 0 // -n is for the scenarios that take one
+		}
+		if n > 0 {
+			p.messages[s.Name] = n
+		}
 		reps := cfg.reps
 		if s.Reps > 0 && !cfg.quick {
 			reps = s.Reps
@@ -76,7 +101,7 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 			reps = s.QuickReps
 		}
 		variants := variantsFor(s.Modes, cfg.variants, cfg.baseline != "", cfg.coalesce)
-		if bins.cclient == "" {
+		if !withCClient {
 			variants = slices.DeleteFunc(variants, func(v scenario.Variant) bool { return v.Name == scenario.CClient })
 		}
 		if cfg.ab {
@@ -94,7 +119,7 @@ func makePlan(cfg config, bins binaries) (plan, error) {
 				// being deleted) is not always the same variant's lot.
 				for i := range variants {
 					v := variants[(i+rep)%len(variants)]
-					m := measurement{scenario: s, c: c, variant: v, rep: rep}
+					m := measurement{scenario: s, c: c, variant: v, rep: rep, reps: reps, messages: n}
 					if s.Concurrent {
 						group = append(group, m)
 					} else {
@@ -119,28 +144,34 @@ type runner struct {
 	toxiproxy string
 	brokerURL string
 	quick     bool
-	messages  int    // -n, passed on when set
 	artefacts string // the directory runs save artefacts in; empty for none
+	// prior is, by scenario, case and variant, how long a run took in
+	// the last run of this plan (results.json), for the first estimates.
+	prior map[string]time.Duration
 }
 
-// execute runs the plan's groups in order.
+// execute runs the plan's groups in order, logging each as it starts,
+// with the time spent and an estimate of the time left, and as it ends.
 func (p plan) execute(ctx context.Context, r runner) []run {
 	var runs []run
-	done, total := 0, p.count()
-	for _, g := range p.groups {
+	prog := newProgress(p.count(), r.prior)
+	for gi, g := range p.groups {
+		logf("%s", prog.line(p.groups[gi:]))
+		started := time.Now()
 		results := make([]run, len(g))
 		var wg sync.WaitGroup
 		for i, m := range g {
 			wg.Go(func() { results[i] = run{m, r.measure(ctx, m)} })
 		}
 		wg.Wait()
-		for _, res := range results {
-			done++
+		prog.record(g, time.Since(started))
+		for i, res := range results {
 			status := fmt.Sprintf("%.1fs", res.out.Seconds)
 			if res.out.Error != "" {
 				status = "ERROR: " + res.out.Error
 			}
-			logf("[%d/%d] %s %s %s rep %d: %s", done, total, res.scenario.Name, res.c, res.variant.Name, res.rep+1, status)
+			logf("[%d/%d] %s: %s", prog.done-len(g)+i+1, prog.total,
+				joinNonEmpty(res.scenario.Name, res.c, res.variant.Name, fmt.Sprintf("rep %d/%d", res.rep+1, res.reps)), status)
 		}
 		runs = append(runs, results...)
 		if ctx.Err() != nil {
@@ -164,8 +195,8 @@ func (r runner) measure(ctx context.Context, m measurement) output {
 	if r.quick {
 		args = append(args, "-quick")
 	}
-	if r.messages > 0 {
-		args = append(args, "-n", strconv.Itoa(r.messages))
+	if m.messages > 0 {
+		args = append(args, "-n", strconv.Itoa(m.messages))
 	}
 	if r.artefacts != "" {
 		// Named as the charts are, with the variant and repetition: a

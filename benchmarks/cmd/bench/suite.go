@@ -30,10 +30,18 @@ type environment struct {
 	Upstream  string `json:"upstream"`
 	// Builds says, per build, which amqp091-go its binary was built
 	// against, as the binary itself reports it.
-	Builds  map[string]string `json:"builds"`
-	Reps    int               `json:"reps"`
-	Quick   bool              `json:"quick"`
-	Seconds float64           `json:"seconds"`
+	Builds map[string]string `json:"builds"`
+	Reps   int               `json:"reps"`
+	Quick  bool              `json:"quick"`
+	Plan   string            `json:"plan,omitempty"` // -plan; empty in results from before plans
+	// Command is what generated the results: the plan's make command, or
+	// the runner's command line when flags changed the plan.
+	Command string `json:"command,omitempty"`
+	// Seconds is the wall time from the start to the scenarios' end;
+	// TotalSeconds adds the sections after them (micro-benchmarks,
+	// failover, Observer overhead).
+	Seconds      float64 `json:"seconds"`
+	TotalSeconds float64 `json:"total_seconds,omitempty"`
 }
 
 // describeEnvironment reads the broker's version from its handshake and
@@ -131,6 +139,7 @@ type suite struct {
 	Scenarios []scenarioResult `json:"scenarios"`
 	Micro     *microResult     `json:"micro,omitempty"`
 	Failover  *failoverResult  `json:"failover,omitempty"`
+	Overhead  *overheadResult  `json:"overhead,omitempty"`
 }
 
 // scenarioResult is one scenario's results.
@@ -139,7 +148,10 @@ type scenarioResult struct {
 	Title string       `json:"title"`
 	About string       `json:"about"`
 	Cases []caseResult `json:"cases"`
-	spec  *scenario.Scenario
+	// Messages is the message count its runs were given (-n, or the
+	// plan's); 0 when they kept the scenario's own.
+	Messages int `json:"messages,omitempty"`
+	spec     *scenario.Scenario
 }
 
 // caseResult is one case's results over variants and repetitions.
@@ -167,7 +179,7 @@ func assemble(env environment, p plan, runs []run) suite {
 		if err != nil {
 			continue
 		}
-		sr := scenarioResult{Name: l.Name, Title: spec.Title, About: spec.About, spec: spec}
+		sr := scenarioResult{Name: l.Name, Title: spec.Title, About: spec.About, Messages: p.messages[l.Name], spec: spec}
 		for _, c := range l.Cases {
 			cr := caseResult{Case: c, Agg: scenario.Agg{}, Points: map[string]map[string][]hist.Point{}, Notes: map[string][]string{}}
 			byVariant := map[string][]output{}

@@ -40,7 +40,7 @@ func main() {
 		for _, n := range scenario.Names() {
 			s, _ := scenario.Lookup(n)
 			ls = append(ls, scenario.Listing{Name: n, Cases: s.CaseList(), Modes: s.Modes, ReferenceCase: s.ReferenceCase,
-				Reps: s.Reps, QuickReps: s.QuickReps, Concurrent: s.Concurrent, Timeout: timeout(s)})
+				Reps: s.Reps, QuickReps: s.QuickReps, Counted: s.Counted, Concurrent: s.Concurrent, Timeout: timeout(s)})
 		}
 		emit(ls)
 		return
