@@ -259,13 +259,13 @@ func TestQuickPlanMeasurements(t *testing.T) {
 		}
 	}
 	want := map[string]int{"stalled-consumer": 9, "stalled-listener b=rpc": 9, "throughput publishers=10": 9,
-		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 9, "roundtrip size=4096": 9}
+		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 9, "drain api=consumefunc": 9, "roundtrip size=4096": 9}
 	if fmt.Sprint(runs) != fmt.Sprint(want) {
 		t.Errorf("runs per case: %v, want %v", runs, want)
 	}
 	var out strings.Builder
 	printPlan(&out, cfg, p)
-	if !strings.Contains(out.String(), "54 measurements; then: none") {
+	if !strings.Contains(out.String(), "63 measurements; then: none") {
 		t.Errorf("-dry-run:\n%s", out.String())
 	}
 }
