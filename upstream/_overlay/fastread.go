@@ -15,11 +15,14 @@ type frameCursor struct {
 	ok bool
 }
 
-// take returns the next n bytes, aliasing the frame, or nil.
+// noField is what take returns once a field did not fit, never written to.
+var noField [255]byte
+
+// take returns the next n (≤ 255) bytes, aliasing the frame, or n zero bytes.
 func (c *frameCursor) take(n int) []byte {
 	if !c.ok || len(c.b)-c.i < n {
 		c.ok = false
-		return nil
+		return noField[:n:n]
 	}
 	v := c.b[c.i : c.i+n : c.i+n]
 	c.i += n
@@ -27,27 +30,9 @@ func (c *frameCursor) take(n int) []byte {
 }
 
 // u8, u16 and u64 read a big-endian integer, 0 once a field did not fit.
-func (c *frameCursor) u8() uint8 {
-	if v := c.take(1); v != nil {
-		return v[0]
-	}
-	return 0
-}
-
-func (c *frameCursor) u16() uint16 {
-	if v := c.take(2); v != nil {
-		return binary.BigEndian.Uint16(v)
-	}
-	return 0
-}
-
-func (c *frameCursor) u64() uint64 {
-	if v := c.take(8); v != nil {
-		return binary.BigEndian.Uint64(v)
-	}
-	return 0
-}
-
+func (c *frameCursor) u8() uint8        { return c.take(1)[0] }
+func (c *frameCursor) u16() uint16      { return binary.BigEndian.Uint16(c.take(2)) }
+func (c *frameCursor) u64() uint64      { return binary.BigEndian.Uint64(c.take(8)) }
 func (c *frameCursor) shortstr() []byte { return c.take(int(c.u8())) }
 
 // rawDeliver is basic.deliver with its strings still in the frame.
@@ -198,17 +183,12 @@ var propCached = [propStrings]bool{
 	propExpiration: true, propType: true, propUserId: true, propAppId: true,
 }
 
-// reset drops content in progress, releasing its charge.
+// reset drops content in progress (or handed over), releasing its charge.
 func (a *contentAsm) reset() {
-	a.unpin()
-	a.state, a.msg, a.props, a.body = awaitMethod, nil, properties{}, nil
-}
-
-func (a *contentAsm) unpin() {
 	if a.pinned != 0 && a.budget != nil {
 		a.budget.unpin(a.pinned)
 	}
-	a.pinned = 0
+	a.state, a.msg, a.props, a.body, a.pinned = awaitMethod, nil, properties{}, nil, 0
 }
 
 // startDeliver begins the content of a fast basic.deliver.
@@ -313,7 +293,6 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 
 // complete hands over the content (a Delivery, or upstream's message) and resets.
 func (a *contentAsm) complete() (del *Delivery, msg messageWithContent) {
-	a.unpin()
 	if a.fast {
 		del = newFastDelivery(a.ch, &a.deliver, &a.props, a.body)
 	} else {

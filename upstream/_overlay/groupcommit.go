@@ -3,7 +3,6 @@
 package amqp091
 
 import (
-	"bufio"
 	"net"
 	"sync"
 )
@@ -26,7 +25,7 @@ type writeGroup struct {
 
 // groupBatch is the frames of the publishers that arrived during one write.
 type groupBatch struct {
-	vecs, wrote net.Buffers   // wrote: vecs as written (writeVectors consumes it)
+	vecs, wrote net.Buffers   // wrote: vecs as a vectored write consumes it (writeVecs)
 	n           int           // publishes in it
 	turn, done  chan struct{} // closed: turn when it may be written, done once it is (err set)
 	err         error
@@ -62,7 +61,7 @@ func (c *Connection) writePublishGrouped(pb *publishBuf) error {
 	}
 	<-b.turn // the write before is done: ours, with everyone who joined
 	c.sendM.Lock()
-	b.err = c.writeBatch(b)
+	b.err = c.writeVecs(b.vecs, &b.wrote, groupMaxVecs)
 	c.sendM.Unlock()
 	close(b.done)
 	g.handOn()
@@ -79,29 +78,4 @@ func (g *writeGroup) handOn() {
 	if b != nil {
 		close(b.turn)
 	}
-}
-
-// writeBatch writes b as writePublish writes a publish, groupMaxVecs a writev; c.sendM held.
-func (c *Connection) writeBatch(b *groupBatch) error {
-	buf, _ := c.writer.w.(*bufio.Writer)
-	if buf != nil {
-		if err := buf.Flush(); err != nil {
-			return err
-		}
-	}
-	if out := &c.rp.base().pub; buf != nil && out.buf == buf && out.out != nil {
-		for len(b.vecs) > 0 {
-			n := len(b.vecs)
-			if n > groupMaxVecs {
-				n = groupMaxVecs
-			}
-			b.wrote = b.vecs[:n:n]
-			if _, err := out.out.writeVectors(&b.wrote); err != nil {
-				return err
-			}
-			b.vecs = b.vecs[n:]
-		}
-		return nil
-	}
-	return c.writeThrough(b.vecs, buf) // a generation being replaced
 }

@@ -24,18 +24,13 @@ type ioCounters struct {
 
 // wrote counts p, written to the socket as part of the frame stream.
 func (c *ioCounters) wrote(p []byte) {
-	if len(p) == 0 {
-		return
-	}
 	c.bytesOut.Add(uint64(len(p)))
-	c.tallyM.Lock()
-	n := c.tally.feed(p, c.settled)
-	c.tallyM.Unlock()
-	c.framesOut.Add(n)
+	c.writingVectors(net.Buffers{p})
 }
 
-// writingVectors counts v's frames before the write that consumes v (a
-// failed write ends the connection: a miscount then does not matter).
+// writingVectors counts v's frames before the write that consumes v (a failed
+// write ends the connection: a miscount then does not matter); bytesOut, the
+// bytes written, is the writer's to count.
 func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Lock()
 	var n uint64
@@ -45,9 +40,6 @@ func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Unlock()
 	c.framesOut.Add(n)
 }
-
-// wroteBytes counts n bytes written by writingVectors' write.
-func (c *ioCounters) wroteBytes(n int64) { c.bytesOut.Add(uint64(n)) }
 
 // restart begins a new generation's stream, which opens with the protocol header again.
 func (c *ioCounters) restart() {

@@ -172,7 +172,6 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 	}
 	left := new(notes[T]) // copied, so that the inline attempt allocates nothing
 	*left = n
-	left.of = kindOf[T]()
 	o.queue(left)
 }
 
@@ -198,10 +197,9 @@ type notes[T any] struct {
 	vs     []T
 	li, vi int // next: vs[vi] to ls[li]
 	costOf func(T) int64
-	of     ListenerKind
 }
 
-func (n *notes[T]) kind() ListenerKind { return n.of }
+func (n *notes[T]) kind() ListenerKind { return kindOf[T]() }
 func (n *notes[T]) count() int         { return len(n.vs) }
 func (n *notes[T]) drop()              {}
 

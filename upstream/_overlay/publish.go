@@ -30,8 +30,7 @@ type publishBuf struct {
 	b    []byte      // the encoded frames; bodies up to publishCopyMax too
 	head int         // len(b) after the method and header frames
 	vecs [][]byte    // what goes to the socket, in order: parts of b and of the body
-	wv   net.Buffers // the copy of vecs that a vectored write consumes
-	wvs  [][]byte    // wv's array, kept for reuse
+	wv   net.Buffers // vecs as a vectored write consumes it (writeVecs)
 }
 
 var publishBufs = sync.Pool{New: func() any {
@@ -45,13 +44,10 @@ func putPublishBuf(pb *publishBuf) {
 	for i := range pb.vecs {
 		pb.vecs[i] = nil
 	}
-	for i := range pb.wvs {
-		pb.wvs[i] = nil
-	}
 	if cap(pb.b) > publishPoolMax || cap(pb.vecs) > publishPoolMaxVecs {
 		return
 	}
-	pb.b, pb.vecs, pb.wv, pb.wvs = pb.b[:0], pb.vecs[:0], nil, pb.wvs[:0]
+	pb.b, pb.vecs, pb.wv = pb.b[:0], pb.vecs[:0], nil
 	publishBufs.Put(pb)
 }
 
@@ -155,6 +151,13 @@ type publishOut struct {
 
 // writePublish writes pb's frames; the caller holds c.sendM.
 func (c *Connection) writePublish(pb *publishBuf) error {
+	return c.writeVecs(pb.vecs, &pb.wv, len(pb.vecs))
+}
+
+// writeVecs writes vecs after upstream's buffered frames, at most max buffers a
+// vectored write, each through *wv (which the write consumes: kept by the caller,
+// it costs no allocation); the caller holds c.sendM.
+func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, max int) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
 	if buf != nil {
 		// Upstream's buffered frames first; this also returns bufio's sticky error.
@@ -162,15 +165,21 @@ func (c *Connection) writePublish(pb *publishBuf) error {
 			return err
 		}
 	}
-	if c.rp != nil && buf != nil {
-		if out := &c.rp.base().pub; out.buf == buf && out.out != nil {
-			pb.wv = append(pb.wvs[:0], pb.vecs...)
-			pb.wvs = pb.wv // the write consumes pb.wv; wvs keeps its array
-			_, err := out.out.writeVectors(&pb.wv)
+	if c.rp == nil || buf == nil || c.rp.base().pub.buf != buf || c.rp.base().pub.out == nil {
+		return c.writeThrough(vecs, buf) // another writer: a test's, or a generation being replaced
+	}
+	for len(vecs) > 0 {
+		n := len(vecs)
+		if n > max {
+			n = max
+		}
+		*wv = vecs[:n:n]
+		if _, err := c.rp.base().pub.out.writeVectors(wv); err != nil {
 			return err
 		}
+		vecs = vecs[n:]
 	}
-	return c.writeThrough(pb.vecs, buf) // another writer: a test's, or a generation being replaced
+	return nil
 }
 
 // writeThrough writes vecs through c.writer as upstream does, then flushes buf if any; c.sendM held.

@@ -153,8 +153,8 @@ func matchReply(msg message, res []message) error {
 // activity counts dispatched frames and wakes those waiting for more. It is
 // on upstream's per-frame path: with nobody waiting, an add and a load.
 type activity struct {
-	frames  atomic.Uint64
-	waiters atomic.Pointer[chan struct{}]
+	frames atomic.Uint64
+	wakeup
 }
 
 // signal counts a dispatched frame and wakes the waiters.
@@ -163,23 +163,25 @@ func (a *activity) signal() {
 	a.wake()
 }
 
-// wake wakes everyone waiting on a chan from wait.
-func (a *activity) wake() {
-	if a.waiters.Load() != nil {
-		if p := a.waiters.Swap(nil); p != nil {
+// wakeup wakes everyone waiting on a chan from wait; with nobody waiting, wake is a load.
+type wakeup struct{ waiters atomic.Pointer[chan struct{}] }
+
+func (w *wakeup) wake() {
+	if w.waiters.Load() != nil {
+		if p := w.waiters.Swap(nil); p != nil {
 			close(*p)
 		}
 	}
 }
 
 // wait returns a chan closed at the next wake.
-func (a *activity) wait() <-chan struct{} {
+func (w *wakeup) wait() <-chan struct{} {
 	for {
-		if p := a.waiters.Load(); p != nil {
+		if p := w.waiters.Load(); p != nil {
 			return *p
 		}
 		ch := make(chan struct{})
-		if a.waiters.CompareAndSwap(nil, &ch) {
+		if w.waiters.CompareAndSwap(nil, &ch) {
 			return ch
 		}
 	}

@@ -291,9 +291,6 @@ func (d *drainConn) pauseBegan() {
 // pauseEnded runs when the drainer reads again after a pause.
 func (d *drainConn) pauseEnded() {
 	took := d.budget.pauseEnded(time.Now())
-	if d.watch == nil && (d.obs == nil || d.obs.BudgetResumed == nil) {
-		return
-	}
 	info := BudgetInfo{Limit: d.budget.high, Used: d.budget.usedNow(), Paused: took, Holder: d.pausedFor}
 	if d.watch != nil {
 		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn, "amqp: the drainer reads the socket again",

@@ -210,16 +210,14 @@ func (q *serialQueue) retire() bool                 { return q.retired == nil ||
 // workCount counts a connection's queued jobs and outbox items, so that a
 // shutdown can wait for what arrived before it.
 type workCount struct {
-	n       atomic.Int64
-	waiters atomic.Pointer[chan struct{}]
+	n atomic.Int64
+	wakeup
 }
 
 // add counts delta more items, waking the waiters when none is left.
 func (w *workCount) add(delta int64) {
-	if w.n.Add(delta) == 0 && w.waiters.Load() != nil {
-		if p := w.waiters.Swap(nil); p != nil {
-			close(*p)
-		}
+	if w.n.Add(delta) == 0 {
+		w.wake()
 	}
 }
 
@@ -227,14 +225,7 @@ func (w *workCount) add(delta int64) {
 func (w *workCount) waitIdle(deadline time.Time) bool {
 	var timer *time.Timer
 	for {
-		woken := w.waiters.Load()
-		if woken == nil {
-			ch := make(chan struct{})
-			if !w.waiters.CompareAndSwap(nil, &ch) {
-				continue
-			}
-			woken = &ch
-		}
+		woken := w.wait() // before the check, so no wake is lost
 		if w.n.Load() == 0 {
 			return true
 		}
@@ -243,7 +234,7 @@ func (w *workCount) waitIdle(deadline time.Time) bool {
 			defer timer.Stop()
 		}
 		select {
-		case <-*woken:
+		case <-woken:
 		case <-timer.C:
 			return w.n.Load() == 0
 		}
