@@ -201,8 +201,7 @@ func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) 
 	return send()
 }
 
-// closeInBackground waits for a stand-in's close-ok, unless sendErr (channel.close
-// was not sent), then releases its id.
+// closeInBackground waits for a stand-in's close-ok (unless sendErr: not sent), then releases its id.
 func (stand *Channel) closeInBackground(sendErr error) {
 	if sendErr == nil {
 		_ = stand.awaitCloseOk(context.Background(), false)
@@ -232,9 +231,8 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	}
 }
 
-// dropStandIn releases a stand-in's id, unless the broker's channel.close did,
-// and shuts it down; unlike releaseChannel also on a closed connection, so
-// that recovery never reopens a stand-in.
+// dropStandIn releases a stand-in's id, unless the broker's channel.close did, and shuts it
+// down; unlike releaseChannel also on a closed connection: recovery never reopens a stand-in.
 func (c *Connection) dropStandIn(stand *Channel) {
 	c.m.Lock()
 	if got, ok := c.channels[stand.id]; ok && got == stand {

@@ -9,9 +9,8 @@ import (
 	"time"
 )
 
-// closeIntent records that the application called Close: it wakes whoever
-// waits for that, tells it from the drainer's protocolClose (markProtocol),
-// and bounds the close with a watchdog.
+// closeIntent records that the application called Close: it wakes whoever waits for that,
+// tells it from the drainer's protocolClose (markProtocol), and bounds the close with a watchdog.
 type closeIntent struct {
 	mu       sync.Mutex
 	calledC  chan struct{} // closed by Close (under mu): wakes DrainEvents callers, refuses publishes and direct hand-overs
@@ -23,9 +22,8 @@ type closeIntent struct {
 // newCloseIntent returns a closeIntent before any Close.
 func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct{})} }
 
-// begin runs in the closing hook: unless the close is the library's own it
-// marks it intentional; given a generation (end), it arms a watchdog that
-// ends it and closes conn if the close takes longer than timeout.
+// begin runs in the closing hook: unless the close is the library's own it marks it
+// intentional; given a generation (end), it arms a watchdog that ends it and closes conn after timeout.
 func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer) {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()

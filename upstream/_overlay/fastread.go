@@ -97,11 +97,9 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 		return false
 	}
 	c := frameCursor{b: raw[7 : 7+int(size)], ok: true}
-	out.classId, out.weight, out.size = c.u16(), c.u16(), c.u64()
-	flags := c.u16()
-	out.flags, out.headers, out.deliveryMode, out.priority, out.timestamp = flags, nil, 0, 0, 0
+	*out = rawHeader{classId: c.u16(), weight: c.u16(), size: c.u64(), flags: c.u16()}
+	flags := out.flags
 	str := func(flag uint16, i int) {
-		out.str[i] = nil
 		if flags&flag != 0 {
 			out.str[i] = c.shortstr()
 		}

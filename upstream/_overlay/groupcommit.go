@@ -7,12 +7,11 @@ import (
 	"sync"
 )
 
-// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a
-// write go out together in the next (a group commit), trading latency for system calls:
-// they join the next batch, which its first publisher writes (writev, groupMaxVecs a call) when the write
-// before ends. A publish returns once written, with its write's error, as upstream's; a
-// lone publisher never waits and allocates nothing. Other frames (acks, RPCs) go through
-// c.sendM between batches.
+// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a write
+// join the next batch (a group commit, trading latency for system calls), which its first
+// publisher writes (writev, groupMaxVecs a call) once the write before ends. A publish returns
+// once written, with its write's error, as upstream's; a lone publisher never waits and
+// allocates nothing. Other frames (acks, RPCs) go through c.sendM between batches.
 
 const groupMaxVecs = 1000 // buffers a writev, under Linux's IOV_MAX (1024)
 

@@ -9,9 +9,8 @@ import (
 	"sync/atomic"
 )
 
-// ioCounters are a connection's byte and frame counts for Stats, across its
-// generations. The reader adds per socket read and per frame; writers add
-// under the connection's write lock, counting frames from the bytes.
+// ioCounters are a connection's byte and frame counts for Stats, across its generations. The
+// reader adds per socket read and per frame; writers, under the write lock, count frames from bytes.
 type ioCounters struct {
 	bytesIn, framesIn   atomic.Uint64
 	bytesOut, framesOut atomic.Uint64
@@ -28,9 +27,8 @@ func (c *ioCounters) wrote(p []byte) {
 	c.writingVectors(net.Buffers{p})
 }
 
-// writingVectors counts v's frames before the write that consumes v (a failed
-// write ends the connection: a miscount then does not matter); bytesOut, the
-// bytes written, is the writer's to count.
+// writingVectors counts v's frames before the write that consumes v (a failed write ends the
+// connection: a miscount then does not matter); the writer counts bytesOut.
 func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Lock()
 	var n uint64

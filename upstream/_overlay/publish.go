@@ -90,12 +90,20 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	return dc, nil
 }
 
-// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held.
+// sendPublish is upstream's send and sendOpen for a basic.publish (its closed checks, then
+// ours); ch.m is held.
 func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error {
-	if err := ch.publishRefused(); err != nil {
-		return err
-	}
 	c := ch.connection
+	if ch.IsClosed() || c.IsClosed() {
+		return ErrClosed // a closed channel sends only channel.close-ok
+	}
+	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
+	if isClosing(c.rp.base().calledC) {
+		return ErrClosedIntentionally
+	}
+	if err := ch.midRecovery(); err != nil {
+		return err // no publish inside recovery's handshake (recoverytags.go)
+	}
 	err := encErr // a shortstr over 255 bytes fails the connection, as upstream
 	if err == nil {
 		pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
@@ -110,18 +118,6 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 	default:
 	}
 	return nil
-}
-
-// publishRefused is why a publish may not be written now (upstream's checks, then ours), or nil.
-func (ch *Channel) publishRefused() error {
-	if ch.IsClosed() || ch.connection.IsClosed() {
-		return ErrClosed // a closed channel sends only channel.close-ok
-	}
-	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
-	if isClosing(ch.connection.rp.base().calledC) {
-		return ErrClosedIntentionally
-	}
-	return ch.midRecovery() // no publish inside recovery's handshake (recoverytags.go)
 }
 
 // bodyFrameSize is upstream's body frame size for n bytes: positive unless
@@ -154,9 +150,8 @@ func (c *Connection) writePublish(pb *publishBuf) error {
 	return c.writeVecs(pb.vecs, &pb.wv, len(pb.vecs))
 }
 
-// writeVecs writes vecs after upstream's buffered frames, at most max buffers a
-// vectored write, each through *wv (which the write consumes: kept by the caller,
-// it costs no allocation); the caller holds c.sendM.
+// writeVecs writes vecs after upstream's buffered frames, max buffers a vectored write through
+// *wv (the caller's: no allocation), which the write consumes; the caller holds c.sendM.
 func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, max int) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
 	if buf != nil {
@@ -265,54 +260,48 @@ func appendFrameEnd(b []byte, start int) []byte {
 
 // appendProperties is headerFrame.write's flags and properties, with its errors.
 func appendProperties(b []byte, p *Publishing) ([]byte, error) {
-	w := propWriter{mask: flagIf(p.ContentType != "", flagContentType) |
-		flagIf(p.ContentEncoding != "", flagContentEncoding) |
-		flagIf(len(p.Headers) > 0, flagHeaders) |
-		flagIf(p.DeliveryMode > 0, flagDeliveryMode) |
-		flagIf(p.Priority > 0, flagPriority) |
-		flagIf(p.CorrelationId != "", flagCorrelationId) |
-		flagIf(p.ReplyTo != "", flagReplyTo) |
-		flagIf(p.Expiration != "", flagExpiration) |
-		flagIf(p.MessageId != "", flagMessageId) |
-		flagIf(!p.Timestamp.IsZero(), flagTimestamp) |
-		flagIf(p.Type != "", flagType) |
-		flagIf(p.UserId != "", flagUserId) |
-		flagIf(p.AppId != "", flagAppId)}
-	w.b = binary.BigEndian.AppendUint16(b, w.mask)
+	w := propWriter{b: append(b, 0, 0)} // the flags, set at the end
 	w.str(flagContentType, p.ContentType)
 	w.str(flagContentEncoding, p.ContentEncoding)
-	if hasProperty(w.mask, flagHeaders) && w.err == nil {
+	if w.has(flagHeaders, len(p.Headers) > 0) && w.err == nil {
 		w.b, w.err = appendTable(w.b, p.Headers)
 	}
-	if hasProperty(w.mask, flagDeliveryMode) {
+	if w.has(flagDeliveryMode, p.DeliveryMode > 0) {
 		w.b = append(w.b, p.DeliveryMode)
 	}
-	if hasProperty(w.mask, flagPriority) {
+	if w.has(flagPriority, p.Priority > 0) {
 		w.b = append(w.b, p.Priority)
 	}
 	w.str(flagCorrelationId, p.CorrelationId)
 	w.str(flagReplyTo, p.ReplyTo)
 	w.str(flagExpiration, p.Expiration)
 	w.str(flagMessageId, p.MessageId)
-	if hasProperty(w.mask, flagTimestamp) {
+	if w.has(flagTimestamp, !p.Timestamp.IsZero()) {
 		w.b = binary.BigEndian.AppendUint64(w.b, uint64(p.Timestamp.Unix()))
 	}
 	w.str(flagType, p.Type)
 	w.str(flagUserId, p.UserId)
 	w.str(flagAppId, p.AppId)
+	binary.BigEndian.PutUint16(w.b[len(b):], w.mask)
 	return w.b, w.err
 }
 
-// propWriter is appendProperties' output and its first error.
+// propWriter is appendProperties' output, flags and first error.
 type propWriter struct {
 	b    []byte
 	mask uint16
 	err  error
 }
 
-// str appends the shortstr s if the mask has flag and nothing failed yet.
-func (w *propWriter) str(flag int, s string) {
-	if hasProperty(w.mask, flag) && w.err == nil {
+// has adds flag to the mask if set, and returns set.
+func (w *propWriter) has(flag uint16, set bool) bool {
+	w.mask |= flagIf(set, flag)
+	return set
+}
+
+// str appends the shortstr s, if not empty, unless something failed.
+func (w *propWriter) str(flag uint16, s string) {
+	if w.has(flag, s != "") && w.err == nil {
 		w.b, w.err = appendShortstr(w.b, s)
 	}
 }

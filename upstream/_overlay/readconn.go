@@ -72,10 +72,8 @@ func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer
 	}
 }
 
-// base gives the seam the read path's fixed parts (readPath.base); clockOf is
-// channel id's confirm clock, nil without a Confirmed hook.
-func (b *readBase) base() *readBase                 { return b }
-func (b *readBase) clockOf(id uint16) *confirmClock { return b.clocks.clock(b.obs, id) }
+// base gives the seam the read path's fixed parts (readPath.base).
+func (b *readBase) base() *readBase { return b }
 
 // genEnd is how a generation ends, and why.
 type genEnd struct {

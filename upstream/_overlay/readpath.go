@@ -11,12 +11,11 @@ import (
 	"time"
 )
 
-// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces
-// upstream's reader and heartbeater goroutines and RPC waits. The hooks of
-// 0001-read-path-seam.patch (PATCHES.md) run upstream's code when c.rp is nil:
-// startAndOpen (readmode.go), startReader, startHeartbeater, connCall, callThrough,
-// rpcCap, makeConsumers, bufferFor, confirmPump, pumpUntilDone, publishCtx,
-// publishDeferredCtx, rpOpened, rpClosing, rpShutdown, dispatched.signal.
+// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces upstream's reader
+// and heartbeater goroutines and RPC waits. The hooks of 0001-read-path-seam.patch (PATCHES.md)
+// run upstream's code when c.rp is nil: startAndOpen (readmode.go), startReader, startHeartbeater,
+// connCall, callThrough, rpcCap, makeConsumers, bufferFor, confirmPump, pumpUntilDone,
+// publishCtx, publishDeferredCtx, rpOpened, rpClosing, rpShutdown, dispatched.signal.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames;
 // nil keeps upstream's. Sealed: values come from this package's constructors.

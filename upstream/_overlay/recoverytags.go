@@ -50,8 +50,7 @@ type recoveryState struct {
 	secret         atomic.Pointer[string]
 }
 
-// safeRecovery says whether tags stay unique and recoveries log in with the
-// last UpdateSecret's: with a read path, or Config.SafeRecovery.
+// safeRecovery says whether tags stay unique and logins take UpdateSecret's: a read path, or Config.SafeRecovery.
 func (c *Connection) safeRecovery() bool { return c.rp != nil || c.Config.SafeRecovery }
 
 // handOut returns and records the application's tag for raw.
