@@ -34,8 +34,7 @@ type RPCError struct {
 	Channel uint16
 	// Err is context.Cause(ctx) or ErrRPCTimeout.
 	Err error
-	// Closed reports whether the channel or connection was closed; false
-	// when ctx had ended before anything was sent.
+	// Closed reports whether the channel or connection was closed; false when ctx ended before anything was sent.
 	Closed bool
 }
 
@@ -84,9 +83,8 @@ func (r *boundedRun) finish() error {
 	return err
 }
 
-// runBounded runs call bounded by ctx and returns its error if it returns
-// first. Otherwise it runs abandon (which must not block) with the chan
-// that receives once call has returned, and returns the *RPCError. An
+// runBounded runs call bounded by ctx: its error if it returns first, else the *RPCError,
+// after abandon (which must not block) got the chan that receives once call returned. An
 // ended ctx runs nothing; one that cannot end (Done nil) runs call inline.
 func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error, ended <-chan struct{})) error {
 	if ctx == nil {
@@ -121,11 +119,10 @@ func (ch *Channel) bounded(ctx context.Context, method string, call func() error
 	return runBounded(ctx, method, ch.id, call, func(_ error, ended <-chan struct{}) { ch.abandonAfter(method, ended) })
 }
 
-// abandonAfter gives up ch after a caller left before the reply to method,
-// at once; not if ch is closed, closing or abandoned already. The call may
-// still wait for the write lock (in legacy, for a read to end), and its request
-// must not follow the channel.close: the stand-in writes once ended receives
-// (ch's shutdown ends the call's reply wait); nil: the request was written.
+// abandonAfter gives up ch, at once, after a caller left before the reply to method; not if ch
+// is closed, closing or abandoned already. The call may still wait for the write lock (legacy:
+// for a read to end), and its request must not follow the channel.close: the stand-in writes
+// once ended receives (ch's shutdown ends the call's reply wait); nil: the request was written.
 func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	if stand := ch.takeOver(true); stand != nil {
 		go func() {
@@ -135,9 +132,8 @@ func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	}
 }
 
-// takeOver hands ch's id to a new stand-in that discards its frames (nil if ch
-// no longer holds it; with abandon, also if ch is closed or closing, and it
-// marks ch closed). It takes c.m.
+// takeOver hands ch's id to a new stand-in that discards its frames, under c.m; nil if ch no
+// longer holds it or, with abandon (which marks ch closed), if ch is closed or closing.
 func (ch *Channel) takeOver(abandon bool) *Channel {
 	c := ch.connection
 	c.m.Lock()

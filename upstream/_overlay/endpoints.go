@@ -142,9 +142,8 @@ func (e *Endpoints) All() []Endpoint {
 
 // Next returns the next endpoint of the current pass, as given to
 // NewEndpoints (its TLS is the caller's pointer). When a pass is over the
-// next starts: InOrder at the first endpoint, RoundRobin after the one
-// returned last, Shuffle with a new permutation. So n calls in a row
-// return each of n endpoints once, and calls cycle for ever.
+// next starts as the list's EndpointOrder says: so n calls in a row return
+// each of n endpoints once, and calls cycle for ever.
 func (e *Endpoints) Next() Endpoint { return e.next().Endpoint }
 
 // Reset ends the current pass: the next call to Next starts a new one.

@@ -251,11 +251,10 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	if size < capacity {
 		capacity = size
 	}
-	a.body = nil
 	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag) {
-		a.body = pooledBody(size) // a ConsumeFunc consumer's (bodypool.go)
+		a.body = pooledBody(size) // a ConsumeFunc consumer's (bodypool.go); nil if too big
 	}
-	if a.body == nil {
+	if a.body == nil { // as reset left it
 		a.body = make([]byte, 0, capacity)
 	}
 	a.state = awaitContent

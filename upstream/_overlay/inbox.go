@@ -131,7 +131,9 @@ func (b *inbox) clear() int64 {
 		cost += it.cost
 		b.q.drop()
 	}
-	b.st.cleared()
+	b.st.queued.Store(0) // Stats: it holds nothing
+	b.st.bytes.Store(0)
+	b.st.oldest.Store(0)
 	return cost
 }
 

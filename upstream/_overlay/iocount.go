@@ -116,10 +116,7 @@ func (t *frameTally) settle(settled func(SettleInfo)) {
 	if binary.BigEndian.Uint16(t.args[0:2]) != 60 { // basic
 		return
 	}
-	info := SettleInfo{
-		Channel:     binary.BigEndian.Uint16(t.hdr[1:3]),
-		DeliveryTag: binary.BigEndian.Uint64(t.args[4:12]),
-	}
+	info := SettleInfo{Channel: binary.BigEndian.Uint16(t.hdr[1:3]), DeliveryTag: binary.BigEndian.Uint64(t.args[4:12])}
 	bits := t.args[12]
 	switch binary.BigEndian.Uint16(t.args[2:4]) {
 	case 80: // basic.ack

@@ -57,8 +57,7 @@ func (ch *Channel) clockOf() *confirmClock {
 	return nil
 }
 
-// sending records that tag is about to be written; one that does not follow
-// the last (a channel reopened by recovery starts at 1) starts afresh.
+// sending records that tag is about to be written; one not following the last (recovery restarts at 1) starts afresh.
 func (o *confirmClock) sending(tag uint64) {
 	now := monoNow()
 	o.mu.Lock()

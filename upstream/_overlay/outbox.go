@@ -23,8 +23,7 @@ type outItem interface {
 	// handOver offers what is left and reports whether all is handed over,
 	// waiting at most one slice for a listener, under the notify lock (read).
 	handOver(o *outbox, slice time.Duration, timer **time.Timer) (done bool)
-	// drop gives up on what is left for listeners. Settlements and actions
-	// still run: a DeferredConfirmation must always settle.
+	// drop gives up what is left for listeners; settlements and actions still run: a DeferredConfirmation must settle.
 	drop()
 	cost() int64        // charged to the budget while the item waits
 	kind() ListenerKind // the listeners it waits for; "" for actions
@@ -44,13 +43,12 @@ var monoBase = time.Now()
 // monoNow is a monotonic reading in ns, cheaper to keep than a time.Time.
 func monoNow() int64 { return int64(time.Since(monoBase)) }
 
-// outbox hands one channel's notifications (or the connection's blocked and
-// unblocked) to their listeners in frame order across listeners, as upstream (a
-// basic.return before the ack that settles its DeferredConfirmation; apps rely
-// on it), on a workQueue goroutine that exists only while items wait: an unread
-// listener holds back only its own channel. One goroutine at a time produces
-// into it (the channel's dispatcher, or the drainer), so an idle outbox stays
-// idle until the producer queues, which may then hand a notification over inline.
+// outbox hands one channel's notifications (or the connection's blocked and unblocked) to their
+// listeners in frame order across listeners, as upstream (a basic.return before the ack that
+// settles its DeferredConfirmation; apps rely on it), on a workQueue goroutine that exists only
+// while items wait: an unread listener holds back only its own channel. One goroutine at a time
+// produces into it (the channel's dispatcher, or the drainer), so an idle outbox stays idle until
+// the producer queues, which may then hand a notification over inline.
 type outbox struct {
 	workQueue[queuedItem] // the front is being handed over
 
@@ -193,12 +191,11 @@ type notes[T any] struct {
 	costOf func(T) int64
 }
 
-func (n *notes[T]) kind() ListenerKind { return kindOf[T]() }
-func (n *notes[T]) count() int         { return len(n.vs) }
-func (n *notes[T]) drop()              {}
+func (n *notes[T]) count() int { return len(n.vs) }
+func (n *notes[T]) drop()      {}
 
-// kindOf names the listeners of values of type T.
-func kindOf[T any]() ListenerKind {
+// kind names the listeners of values of type T.
+func (n *notes[T]) kind() ListenerKind {
 	switch any((*T)(nil)).(type) {
 	case *Confirmation:
 		return KindNotifyPublish
@@ -293,11 +290,10 @@ func (s *settlement) cost() int64        { return frameCost * int64(len(s.dcs)) 
 func (s *settlement) kind() ListenerKind { return KindDeferredConfirmation }
 func (s *settlement) count() int         { return len(s.dcs) }
 
-// take removes and returns what a confirm of tag (and every tag before it,
-// if multiple) settles, so that they settle later, in order, and nothing else
-// settles them (upstream's reset and Close nack only what is in the set). No
-// such tag is below from or above last: looking only there avoids walking a
-// large set behind an unread listener, as upstream's ConfirmMultiple does.
+// take removes and returns what a confirm of tag (and every tag before it, if multiple) settles,
+// so that they settle later, in order, and nothing else does (upstream's reset and Close nack only
+// what is in the set). None is outside [from, last]: looking only there avoids walking a large set
+// behind an unread listener, as upstream's ConfirmMultiple does.
 func (d *deferredConfirmations) take(from, last, tag uint64, multiple bool) []*DeferredConfirmation {
 	d.m.Lock()
 	defer d.m.Unlock()

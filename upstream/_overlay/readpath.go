@@ -29,9 +29,8 @@ type readPath interface {
 	base() *readBase                                             // what was fixed at attach (readconn.go)
 	start(conn io.ReadWriteCloser)                               // for `go c.reader`: c.m, sendM not held, before the handshake
 	heartbeater(interval time.Duration, done chan struct{}) bool // for `go c.heartbeater`; false: run it
-	// connCall waits for a sent channel-0 request's reply, matched into res
-	// as upstream does (errors and rpc read under c.m); chanCall likewise on
-	// ch, with ch's chans as read under ch.m before the send (callThrough).
+	// connCall waits for a sent channel-0 request's reply, matched into res as upstream does (errors
+	// and rpc read under c.m); chanCall likewise on ch, its chans read under ch.m before the send (callThrough).
 	connCall(errors chan *Error, rpc chan message, res []message) error
 	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
 	opened()                               // after a handshake, once upstream cleared the deadlines
@@ -42,8 +41,7 @@ type readPath interface {
 	// standInSend runs send, a stand-in's channel.close (bounded.go),
 	// without waiting for a read in progress: it may be the abandoned call's.
 	standInSend(send func() error) error
-	// nextReply waits until ctx ends for the next message in rpc, or for
-	// errs, reading frames meanwhile if nobody else does (legacy).
+	// nextReply waits until ctx ends for the next message in rpc, or errs, reading frames if nobody else does (legacy).
 	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
 	stats(s *Stats, now time.Time) // fills in s, taken at now
 }

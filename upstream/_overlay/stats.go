@@ -169,10 +169,3 @@ func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
 	}
 	return out
 }
-
-// cleared records that the inbox holds nothing.
-func (st *bufferStat) cleared() {
-	st.queued.Store(0)
-	st.bytes.Store(0)
-	st.oldest.Store(0)
-}
