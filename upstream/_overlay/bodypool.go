@@ -3,6 +3,7 @@
 package amqp091
 
 import (
+	"maps"
 	"sync"
 	"sync/atomic"
 )
@@ -30,9 +31,7 @@ func (s *pooledSet) update(k pooledKey, add bool) {
 	defer s.mu.Unlock()
 	next := map[pooledKey]struct{}{}
 	if cur := s.snap.Load(); cur != nil {
-		for old := range *cur {
-			next[old] = struct{}{}
-		}
+		next = maps.Clone(*cur)
 	}
 	delete(next, k)
 	if add {

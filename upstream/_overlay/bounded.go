@@ -9,12 +9,11 @@ import (
 	"sync"
 )
 
-// Bounded calls: a context variant (bounded_methods.go) runs the call on its
-// own goroutine (mostly the upstream method unchanged), so the bound holds
-// whatever it is blocked in. Replies carry no request id, so a channel whose
-// caller left is abandoned (as the Java client does after its
-// channelRpcTimeout) through a stand-in that keeps its id until the
-// broker's close-ok; a connection-level request ends the connection.
+// Bounded calls: a context variant (bounded_methods.go) runs the call, mostly the
+// upstream method, on its own goroutine, so the bound holds whatever it blocks in.
+// Replies carry no request id, so a channel whose caller left is abandoned (as the
+// Java client's channelRpcTimeout does) through a stand-in that keeps its id until
+// the broker's close-ok; a connection-level request ends the connection.
 
 // ErrRPCTimeout is the cause of an *RPCError from a synchronous method that
 // got no reply within DrainerOptions.RPCTimeout or LegacyOptions.RPCTimeout.
@@ -35,8 +34,7 @@ type RPCError struct {
 	Channel uint16
 	// Err is context.Cause(ctx) or ErrRPCTimeout.
 	Err error
-	// Closed reports whether the channel or connection was closed; false
-	// when ctx had ended before anything was sent.
+	// Closed reports whether the channel or connection was closed; false when ctx ended before anything was sent.
 	Closed bool
 }
 
@@ -85,9 +83,8 @@ func (r *boundedRun) finish() error {
 	return err
 }
 
-// runBounded runs call bounded by ctx and returns its error if it returns
-// first. Otherwise it runs abandon (which must not block) with the chan
-// that receives once call has returned, and returns the *RPCError. An
+// runBounded runs call bounded by ctx: its error if it returns first, else the *RPCError,
+// after abandon (which must not block) got the chan that receives once call returned. An
 // ended ctx runs nothing; one that cannot end (Done nil) runs call inline.
 func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error, ended <-chan struct{})) error {
 	if ctx == nil {
@@ -122,13 +119,10 @@ func (ch *Channel) bounded(ctx context.Context, method string, call func() error
 	return runBounded(ctx, method, ch.id, call, func(_ error, ended <-chan struct{}) { ch.abandonAfter(method, ended) })
 }
 
-// abandonAfter gives up ch after a caller left before the reply to method;
-// it returns at once, and does nothing if ch is closed, closing or
-// abandoned already. The call may have checked ch open and still wait for
-// the write lock (in legacy mode, for a read to end), and its request must
-// not follow the channel.close: so the stand-in writes once the call has
-// returned (ended receives; ch's shutdown ends its reply wait). A nil
-// ended: the request is on the wire already.
+// abandonAfter gives up ch, at once, after a caller left before the reply to method; not if ch
+// is closed, closing or abandoned already. The call may still wait for the write lock (legacy:
+// for a read to end), and its request must not follow the channel.close: the stand-in writes
+// once ended receives (ch's shutdown ends the call's reply wait); nil: the request was written.
 func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	if stand := ch.takeOver(true); stand != nil {
 		go func() {
@@ -138,9 +132,8 @@ func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 	}
 }
 
-// takeOver hands ch's id to a new stand-in that discards its frames, or
-// returns nil when ch no longer holds it; with abandon, also when ch is
-// closed or closing, and it marks ch closed. It takes c.m.
+// takeOver hands ch's id to a new stand-in that discards its frames, under c.m; nil if ch no
+// longer holds it or, with abandon (which marks ch closed), if ch is closed or closing.
 func (ch *Channel) takeOver(abandon bool) *Channel {
 	c := ch.connection
 	c.m.Lock()
@@ -158,9 +151,8 @@ func (ch *Channel) takeOver(abandon bool) *Channel {
 	return stand
 }
 
-// rpcTimedOut abandons ch after the read mode's RPCTimeout and returns the
-// error. For Close, whose channel.close is on the wire, a stand-in only
-// waits for the close-ok, so the id Close releases is not reused before it.
+// rpcTimedOut abandons ch after the read mode's RPCTimeout. For Close, whose
+// channel.close was written, a stand-in only keeps the id until the close-ok.
 func (ch *Channel) rpcTimedOut(res []message) error {
 	name := requestFor(res)
 	if name != "channel.close" {
@@ -178,17 +170,16 @@ func (c *Connection) connTimedOut(res []message) error {
 	return &RPCError{Method: name, Err: ErrRPCTimeout, Closed: true}
 }
 
-// closeStarted reports whether Close (or the library's own close) has
-// begun: its close-ok wait is bounded by CloseTimeout, not RPCTimeout.
+// closeStarted reports whether Close (or the library's own close) began:
+// its close-ok wait is bounded by CloseTimeout, not RPCTimeout.
 func (c *Connection) closeStarted() bool {
 	c.closeM.Lock()
 	defer c.closeM.Unlock()
 	return c.closeInit
 }
 
-// retire shuts ch down as Close does (it may wait for a publish to let go
-// of ch.m), then sends channel.close through stand, after the abandoned
-// call has returned if ended is not nil, and returns the send's error.
+// retire shuts ch down as Close does (it may wait for a publish to let go of
+// ch.m), then sends channel.close through stand once ended (if any) receives.
 func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) error {
 	c := ch.connection
 	ch.closeRecovery()
@@ -206,8 +197,7 @@ func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) 
 	return send()
 }
 
-// closeInBackground waits for a stand-in's close-ok (unless sendErr says
-// channel.close was not sent), then releases its id.
+// closeInBackground waits for a stand-in's close-ok (unless sendErr: not sent), then releases its id.
 func (stand *Channel) closeInBackground(sendErr error) {
 	if sendErr == nil {
 		_ = stand.awaitCloseOk(context.Background(), false)
@@ -215,10 +205,9 @@ func (stand *Channel) closeInBackground(sendErr error) {
 	stand.connection.dropStandIn(stand)
 }
 
-// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping
-// the replies meant for the caller who left. Without pump it never reads
-// (whoever reads the socket hands frames over); with it, it reads when the
-// mode needs it (legacy), as a waiting Close does.
+// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping the
+// replies meant for the caller who left; with pump it reads frames if the mode
+// needs it (legacy), as a waiting Close does.
 func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
@@ -238,9 +227,8 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	}
 }
 
-// dropStandIn releases a stand-in's id, unless the broker's channel.close
-// did, and shuts it down. Unlike upstream's releaseChannel it also runs
-// while the connection is closed, so recovery never reopens a stand-in.
+// dropStandIn releases a stand-in's id, unless the broker's channel.close did, and shuts it
+// down; unlike releaseChannel also on a closed connection: recovery never reopens a stand-in.
 func (c *Connection) dropStandIn(stand *Channel) {
 	c.m.Lock()
 	if got, ok := c.channels[stand.id]; ok && got == stand {
@@ -267,8 +255,8 @@ func (ch *Channel) await(res ...message) error {
 	return matchReply(msg, res)
 }
 
-// abandonConnection ends c, at once, after a connection-level request got
-// no reply in time: a later reply could not be told from the next one.
+// abandonConnection ends c at once: a connection-level request got no reply in
+// time, and a later one could not be told from the next request's.
 func (c *Connection) abandonConnection(method string, cause error) {
 	err := &Error{Code: InternalError, Reason: fmt.Sprintf("%s got no reply: %v", method, cause), Recover: true}
 	if c.rp != nil {

@@ -7,11 +7,10 @@ import (
 	"errors"
 )
 
-// The context variants of the synchronous methods (bounded.go; RPCError
-// says what a ctx that ends first does). Each of Channel's but
-// CloseWithContext runs the upstream method of the same name, so behaves
-// as it does; only the wait is bounded by ctx. A ctx whose Done is nil
-// (context.Background()) runs the upstream method inline.
+// The context variants of the synchronous methods (bounded.go; RPCError says what a ctx that
+// ends first does). Each of Channel's but CloseWithContext runs the upstream method of the same
+// name, so behaves as it does, only its wait bounded by ctx; a ctx whose Done is nil
+// (context.Background()) runs it inline.
 
 // QosWithContext is Qos, bounded by ctx (see RPCError).
 func (ch *Channel) QosWithContext(ctx context.Context, prefetchCount, prefetchSize int, global bool) error {
@@ -192,8 +191,7 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if err != nil {
 		return nil, err
 	}
-	// sent: whether channel.open reached the socket; if not, a
-	// channel.close for the id would be a connection error.
+	// sent: whether channel.open was written; if not, a channel.close for the id is a connection error.
 	sent := make(chan error, 1)
 	err = runBounded(ctx, "channel.open", ch.id, func() error {
 		err := ch.send(&channelOpen{})

@@ -7,11 +7,10 @@ import (
 	"time"
 )
 
-// budget counts the bytes read that still wait for a user (queued jobs,
-// notifications and deliveries; a message being read, pinned). Above high
-// the drainer stops reading, so TCP backpressure reaches the broker instead
-// of memory growing, until the count falls to low. Legacy keeps one for its
-// deliveries only, with marks it never reaches (math.MaxInt64), for Stats.
+// budget counts the bytes read that still wait for a user (queued jobs, notifications and
+// deliveries; a message being read, pinned). Above high the drainer stops reading, so TCP
+// backpressure reaches the broker instead of memory growing, until the count falls to low. Legacy
+// keeps one for its deliveries only, with marks it never reaches (math.MaxInt64), for Stats.
 type budget struct {
 	high, low int64
 
@@ -50,8 +49,7 @@ func (b *budget) add(n, pinned int64) {
 	b.mu.Unlock()
 }
 
-// over reports whether reading should pause; if so, below is closed once
-// usage has fallen to the low mark.
+// over reports whether reading should pause; if so, below is closed once usage fell to low.
 func (b *budget) over() (over bool, below <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

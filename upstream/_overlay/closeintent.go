@@ -9,13 +9,11 @@ import (
 	"time"
 )
 
-// closeIntent records that the application called Close: it wakes whoever
-// waits for that, tells it from the drainer's protocolClose (markProtocol),
-// and bounds the close with a watchdog.
+// closeIntent records that the application called Close: it wakes whoever waits for that,
+// tells it from the drainer's protocolClose (markProtocol), and bounds the close with a watchdog.
 type closeIntent struct {
 	mu       sync.Mutex
-	called   bool
-	calledC  chan struct{} // closed by Close: wakes DrainEvents callers, refuses publishes and direct hand-overs
+	calledC  chan struct{} // closed by Close (under mu): wakes DrainEvents callers, refuses publishes and direct hand-overs
 	protocol bool          // the close that follows is the library's, after a protocol error
 	watchdog *time.Timer
 	closeBy  time.Time // when the watchdog fires
@@ -24,19 +22,15 @@ type closeIntent struct {
 // newCloseIntent returns a closeIntent before any Close.
 func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct{})} }
 
-// begin runs in the closing hook: unless the close is the library's own it
-// marks it intentional; given a generation (end), it arms a watchdog that
-// ends it and closes conn if the close takes longer than timeout.
+// begin runs in the closing hook: unless the close is the library's own it marks it
+// intentional; given a generation (end), it arms a watchdog that ends it and closes conn after timeout.
 func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer) {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
 	if ci.protocol {
 		ci.protocol = false
-	} else {
-		if !ci.called {
-			close(ci.calledC)
-		}
-		ci.called = true
+	} else if !isClosing(ci.calledC) {
+		close(ci.calledC)
 	}
 	if end == nil {
 		return
@@ -73,11 +67,7 @@ func (ci *closeIntent) closeDeadline() (time.Time, bool) {
 }
 
 // isCalled reports whether the application has called Close.
-func (ci *closeIntent) isCalled() bool {
-	ci.mu.Lock()
-	defer ci.mu.Unlock()
-	return ci.called
-}
+func (ci *closeIntent) isCalled() bool { return isClosing(ci.calledC) }
 
 // waitErr is what a waiter released by a generation's end returns: the
 // error that ended it, ErrClosedIntentionally after Close, or ErrClosed.

@@ -10,12 +10,11 @@ import (
 	"time"
 )
 
-// Credentials across redials. Upstream logs in at every recovery with the
-// first dial's Authentication, which fails once the password rotated or a
-// token refreshed with UpdateSecret expired the old one. Config.Credentials
-// is asked at every login; without it, safe recovery sends the last
-// UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and
-// .NET clients do. Then a refused login names endpoint and user, not password.
+// Credentials across redials. Upstream logs in at every recovery with the first dial's
+// Authentication, which fails once the password rotated or a token refreshed with UpdateSecret
+// expired the old one. Config.Credentials is asked at every login; without it, safe recovery
+// sends the last UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and .NET
+// clients do. Then a refused login names endpoint and user, not password.
 
 // CredentialsFunc returns the Authentication of a login, as
 // Config.Credentials: a PlainAuth with the current password or token, for
@@ -31,8 +30,7 @@ type CredentialsFunc func(ctx context.Context) (Authentication, error)
 // sent to the broker: the provider is asked before the protocol header.
 var ErrCredentialsProvider = errors.New("amqp: credentials provider failed")
 
-// credentialsFor asks provider for the Authentication of a login to
-// endpoint, bounded by timeout (one that ignores its ctx is left behind).
+// credentialsFor asks provider for a login to endpoint, bounded by timeout (one ignoring ctx is left behind).
 func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Duration) ([]Authentication, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -92,8 +90,7 @@ func (c *Connection) openRecovered() error {
 	return loginError(c.open(c.Config), endpoint, c.Config.SASL)
 }
 
-// keepSecret is UpdateSecret's: with safe recovery, later recoveries log
-// in with newSecret.
+// keepSecret is UpdateSecret's: with safe recovery, later recoveries log in with newSecret.
 func (c *Connection) keepSecret(newSecret string) {
 	if c.safeRecovery() {
 		c.recovery.secret.Store(&newSecret)
@@ -117,8 +114,7 @@ func withSecret(sasl []Authentication, secret string) []Authentication {
 	return out
 }
 
-// loginError names the endpoint and user in a refused login's error
-// (wrapping ErrCredentials); other errors pass unchanged.
+// loginError names endpoint and user in a refused login's error (ErrCredentials); others pass unchanged.
 func loginError(err error, endpoint string, sasl []Authentication) error {
 	if !errors.Is(err, ErrCredentials) {
 		return err

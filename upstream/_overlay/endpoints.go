@@ -2,10 +2,9 @@
 
 package amqp091
 
-// Endpoint lists: a connection that knows several URLs of one cluster
-// recovers onto the next of them. Reconnect's hooks
-// (0002-recovery-endpoints.patch) are recoveryEndpoint and
-// endpointCredentials; with Config.Endpoints nil both are upstream's code.
+// Endpoint lists: a connection that knows several URLs of one cluster recovers onto the next
+// of them. Reconnect's hooks (0002-recovery-endpoints.patch), recoveryEndpoint and
+// endpointCredentials, run upstream's code when Config.Endpoints is nil.
 
 import (
 	"crypto/tls"
@@ -143,9 +142,8 @@ func (e *Endpoints) All() []Endpoint {
 
 // Next returns the next endpoint of the current pass, as given to
 // NewEndpoints (its TLS is the caller's pointer). When a pass is over the
-// next starts: InOrder at the first endpoint, RoundRobin after the one
-// returned last, Shuffle with a new permutation. So n calls in a row
-// return each of n endpoints once, and calls cycle for ever.
+// next starts as the list's EndpointOrder says: so n calls in a row return
+// each of n endpoints once, and calls cycle for ever.
 func (e *Endpoints) Next() Endpoint { return e.next().Endpoint }
 
 // Reset ends the current pass: the next call to Next starts a new one.
@@ -175,16 +173,14 @@ func (e *Endpoints) next() *endpoint {
 		}
 		e.pos = 0
 	}
-	i := e.perm[e.pos]
+	e.last = e.perm[e.pos]
 	e.pos++
-	e.last = i
-	return &e.eps[i]
+	return &e.eps[e.last]
 }
 
-// recoveryEndpoint is Reconnect's hook for the address of attempt (0 is a
-// recovery's first): without a list, upstream's ParseURI(c.url) and
-// Config.TLSClientConfig; with one, the first attempt starts a new pass
-// and each takes the next endpoint, with its own TLS configuration.
+// recoveryEndpoint is Reconnect's hook for the address of attempt (0: a recovery's first):
+// without a list, upstream's ParseURI(c.url) and Config.TLSClientConfig; with one, the first
+// attempt starts a new pass and each takes the next endpoint, with its own TLS configuration.
 func (c *Connection) recoveryEndpoint(attempt int) (URI, *tls.Config, error) {
 	eps := c.Config.Endpoints
 	if eps == nil {
@@ -199,11 +195,9 @@ func (c *Connection) recoveryEndpoint(attempt int) (URI, *tls.Config, error) {
 	return ep.uri, ep.tls, nil
 }
 
-// endpointCredentials is Reconnect's hook for SASL: true with a list when
-// c's SASL is what upstream's setSASL derives from the URL first dialled
-// (none configured, or the same), so that a recovery logs in with the
-// dialled endpoint's URL. False otherwise: upstream restores the SASL
-// captured at Open.
+// endpointCredentials is Reconnect's hook for SASL: true with a list when c's SASL is what
+// upstream's setSASL derives from the URL first dialled (none configured, or the same), so that
+// a recovery logs in with the dialled endpoint's URL; else upstream restores the SASL of Open.
 func (c *Connection) endpointCredentials() bool {
 	if c.Config.Endpoints == nil {
 		return false

@@ -15,11 +15,14 @@ type frameCursor struct {
 	ok bool
 }
 
-// take returns the next n bytes, aliasing the frame, or nil.
+// noField is what take returns once a field did not fit, never written to.
+var noField [255]byte
+
+// take returns the next n (≤ 255) bytes, aliasing the frame, or n zero bytes.
 func (c *frameCursor) take(n int) []byte {
 	if !c.ok || len(c.b)-c.i < n {
 		c.ok = false
-		return nil
+		return noField[:n:n]
 	}
 	v := c.b[c.i : c.i+n : c.i+n]
 	c.i += n
@@ -27,27 +30,9 @@ func (c *frameCursor) take(n int) []byte {
 }
 
 // u8, u16 and u64 read a big-endian integer, 0 once a field did not fit.
-func (c *frameCursor) u8() uint8 {
-	if v := c.take(1); v != nil {
-		return v[0]
-	}
-	return 0
-}
-
-func (c *frameCursor) u16() uint16 {
-	if v := c.take(2); v != nil {
-		return binary.BigEndian.Uint16(v)
-	}
-	return 0
-}
-
-func (c *frameCursor) u64() uint64 {
-	if v := c.take(8); v != nil {
-		return binary.BigEndian.Uint64(v)
-	}
-	return 0
-}
-
+func (c *frameCursor) u8() uint8        { return c.take(1)[0] }
+func (c *frameCursor) u16() uint16      { return binary.BigEndian.Uint16(c.take(2)) }
+func (c *frameCursor) u64() uint64      { return binary.BigEndian.Uint64(c.take(8)) }
 func (c *frameCursor) shortstr() []byte { return c.take(int(c.u8())) }
 
 // rawDeliver is basic.deliver with its strings still in the frame.
@@ -112,11 +97,9 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 		return false
 	}
 	c := frameCursor{b: raw[7 : 7+int(size)], ok: true}
-	out.classId, out.weight, out.size = c.u16(), c.u16(), c.u64()
-	flags := c.u16()
-	out.flags, out.headers, out.deliveryMode, out.priority, out.timestamp = flags, nil, 0, 0, 0
+	*out = rawHeader{classId: c.u16(), weight: c.u16(), size: c.u64(), flags: c.u16()}
+	flags := out.flags
 	str := func(flag uint16, i int) {
-		out.str[i] = nil
 		if flags&flag != 0 {
 			out.str[i] = c.shortstr()
 		}
@@ -198,17 +181,12 @@ var propCached = [propStrings]bool{
 	propExpiration: true, propType: true, propUserId: true, propAppId: true,
 }
 
-// reset drops content in progress, releasing its charge.
+// reset drops content in progress (or handed over), releasing its charge.
 func (a *contentAsm) reset() {
-	a.unpin()
-	a.state, a.msg, a.props, a.body = awaitMethod, nil, properties{}, nil
-}
-
-func (a *contentAsm) unpin() {
 	if a.pinned != 0 && a.budget != nil {
 		a.budget.unpin(a.pinned)
 	}
-	a.pinned = 0
+	a.state, a.msg, a.props, a.body, a.pinned = awaitMethod, nil, properties{}, nil, 0
 }
 
 // startDeliver begins the content of a fast basic.deliver.
@@ -273,11 +251,10 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	if size < capacity {
 		capacity = size
 	}
-	a.body = nil
 	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag) {
-		a.body = pooledBody(size) // a ConsumeFunc consumer's (bodypool.go)
+		a.body = pooledBody(size) // a ConsumeFunc consumer's (bodypool.go); nil if too big
 	}
-	if a.body == nil {
+	if a.body == nil { // as reset left it
 		a.body = make([]byte, 0, capacity)
 	}
 	a.state = awaitContent
@@ -313,7 +290,6 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 
 // complete hands over the content (a Delivery, or upstream's message) and resets.
 func (a *contentAsm) complete() (del *Delivery, msg messageWithContent) {
-	a.unpin()
 	if a.fast {
 		del = newFastDelivery(a.ch, &a.deliver, &a.props, a.body)
 	} else {

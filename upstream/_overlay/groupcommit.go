@@ -3,17 +3,15 @@
 package amqp091
 
 import (
-	"bufio"
 	"net"
 	"sync"
 )
 
-// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a
-// write go out together in the next (a group commit), trading latency for system calls:
-// they join the next batch, which its first publisher writes (writev, groupMaxVecs a call) when the write
-// before ends. A publish returns once written, with its write's error, as upstream's; a
-// lone publisher never waits and allocates nothing. Other frames (acks, RPCs) go through
-// c.sendM between batches.
+// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a write
+// join the next batch (a group commit, trading latency for system calls), which its first
+// publisher writes (writev, groupMaxVecs a call) once the write before ends. A publish returns
+// once written, with its write's error, as upstream's; a lone publisher never waits and
+// allocates nothing. Other frames (acks, RPCs) go through c.sendM between batches.
 
 const groupMaxVecs = 1000 // buffers a writev, under Linux's IOV_MAX (1024)
 
@@ -26,7 +24,7 @@ type writeGroup struct {
 
 // groupBatch is the frames of the publishers that arrived during one write.
 type groupBatch struct {
-	vecs, wrote net.Buffers   // wrote: vecs as written (writeVectors consumes it)
+	vecs, wrote net.Buffers   // wrote: vecs as a vectored write consumes it (writeVecs)
 	n           int           // publishes in it
 	turn, done  chan struct{} // closed: turn when it may be written, done once it is (err set)
 	err         error
@@ -62,7 +60,7 @@ func (c *Connection) writePublishGrouped(pb *publishBuf) error {
 	}
 	<-b.turn // the write before is done: ours, with everyone who joined
 	c.sendM.Lock()
-	b.err = c.writeBatch(b)
+	b.err = c.writeVecs(b.vecs, &b.wrote, groupMaxVecs)
 	c.sendM.Unlock()
 	close(b.done)
 	g.handOn()
@@ -79,29 +77,4 @@ func (g *writeGroup) handOn() {
 	if b != nil {
 		close(b.turn)
 	}
-}
-
-// writeBatch writes b as writePublish writes a publish, groupMaxVecs a writev; c.sendM held.
-func (c *Connection) writeBatch(b *groupBatch) error {
-	buf, _ := c.writer.w.(*bufio.Writer)
-	if buf != nil {
-		if err := buf.Flush(); err != nil {
-			return err
-		}
-	}
-	if out := &c.rp.base().pub; buf != nil && out.buf == buf && out.out != nil {
-		for len(b.vecs) > 0 {
-			n := len(b.vecs)
-			if n > groupMaxVecs {
-				n = groupMaxVecs
-			}
-			b.wrote = b.vecs[:n:n]
-			if _, err := out.out.writeVectors(&b.wrote); err != nil {
-				return err
-			}
-			b.vecs = b.vecs[n:]
-		}
-		return nil
-	}
-	return c.writeThrough(b.vecs, buf) // a generation being replaced
 }

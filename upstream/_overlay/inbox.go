@@ -81,7 +81,7 @@ func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 	}
 	budget.charge(cost)
 	wake := b.q.put(inboxItem{d: d, at: monoNow(), cost: cost})
-	b.st.pushed(cost, b.q.queued()[0].at)
+	b.st.moved(1, cost, b.q.queued()[0].at)
 	b.mu.Unlock()
 	if wake {
 		select {
@@ -117,7 +117,7 @@ func (b *inbox) take() (inboxItem, bool) {
 		if rest := b.q.queued(); len(rest) > 0 {
 			oldest = rest[0].at
 		}
-		b.st.popped(it.cost, oldest)
+		b.st.moved(-1, -it.cost, oldest)
 	}
 	return it, ok
 }
@@ -131,7 +131,9 @@ func (b *inbox) clear() int64 {
 		cost += it.cost
 		b.q.drop()
 	}
-	b.st.cleared()
+	b.st.queued.Store(0) // Stats: it holds nothing
+	b.st.bytes.Store(0)
+	b.st.oldest.Store(0)
 	return cost
 }
 

@@ -9,9 +9,8 @@ import (
 	"sync/atomic"
 )
 
-// ioCounters are a connection's byte and frame counts for Stats, across its
-// generations. The reader adds per socket read and per frame; writers add
-// under the connection's write lock, counting frames from the bytes.
+// ioCounters are a connection's byte and frame counts for Stats, across its generations. The
+// reader adds per socket read and per frame; writers, under the write lock, count frames from bytes.
 type ioCounters struct {
 	bytesIn, framesIn   atomic.Uint64
 	bytesOut, framesOut atomic.Uint64
@@ -24,18 +23,12 @@ type ioCounters struct {
 
 // wrote counts p, written to the socket as part of the frame stream.
 func (c *ioCounters) wrote(p []byte) {
-	if len(p) == 0 {
-		return
-	}
 	c.bytesOut.Add(uint64(len(p)))
-	c.tallyM.Lock()
-	n := c.tally.feed(p, c.settled)
-	c.tallyM.Unlock()
-	c.framesOut.Add(n)
+	c.writingVectors(net.Buffers{p})
 }
 
-// writingVectors counts v's frames before the write that consumes v (a
-// failed write ends the connection: a miscount then does not matter).
+// writingVectors counts v's frames before the write that consumes v (a failed write ends the
+// connection: a miscount then does not matter); the writer counts bytesOut.
 func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Lock()
 	var n uint64
@@ -45,9 +38,6 @@ func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Unlock()
 	c.framesOut.Add(n)
 }
-
-// wroteBytes counts n bytes written by writingVectors' write.
-func (c *ioCounters) wroteBytes(n int64) { c.bytesOut.Add(uint64(n)) }
 
 // restart begins a new generation's stream, which opens with the protocol header again.
 func (c *ioCounters) restart() {
@@ -126,10 +116,7 @@ func (t *frameTally) settle(settled func(SettleInfo)) {
 	if binary.BigEndian.Uint16(t.args[0:2]) != 60 { // basic
 		return
 	}
-	info := SettleInfo{
-		Channel:     binary.BigEndian.Uint16(t.hdr[1:3]),
-		DeliveryTag: binary.BigEndian.Uint64(t.args[4:12]),
-	}
+	info := SettleInfo{Channel: binary.BigEndian.Uint16(t.hdr[1:3]), DeliveryTag: binary.BigEndian.Uint64(t.args[4:12])}
 	bits := t.args[12]
 	switch binary.BigEndian.Uint16(t.args[2:4]) {
 	case 80: // basic.ack

@@ -53,7 +53,7 @@ func TestFrameTally(t *testing.T) {
 				c.wrote(p[:n])
 			} else {
 				c.writingVectors(net.Buffers{p[:n/2], p[n/2 : n]})
-				c.wroteBytes(int64(n))
+				c.bytesOut.Add(uint64(n))
 			}
 			p = p[n:]
 		}

@@ -11,8 +11,7 @@ import (
 // The Observer's publish, confirm, RPC and connection hooks; the others are in inbox.go,
 // consumefunc.go, iocount.go (Settled), readgen.go (Returned), recoverytags.go, watch.go.
 
-// confirmClock is when each unconfirmed publish of a channel was sent, for
-// ConfirmInfo.Latency; the read path keeps it per channel id, not Channel.
+// confirmClock is when each unconfirmed publish of a channel id (not Channel) was sent, for ConfirmInfo.Latency.
 type confirmClock struct {
 	obs  *Observer
 	mu   sync.Mutex // guards base, sent and head
@@ -27,11 +26,8 @@ type confirmClocks struct {
 	m  map[uint16]*confirmClock
 }
 
-// clock returns id's clock, made on first use; nil without obs.Confirmed.
+// clock returns id's clock, made on first use.
 func (s *confirmClocks) clock(obs *Observer, id uint16) *confirmClock {
-	if obs == nil || obs.Confirmed == nil {
-		return nil
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	o := s.m[id]
@@ -53,17 +49,15 @@ func (c *Connection) obsOf() *Observer {
 	return c.rp.base().obs
 }
 
-// clockOf is ch's confirm clock, or nil when nobody asks for latencies.
+// clockOf is ch's confirm clock, or nil when nobody asks for latencies (no Confirmed hook).
 func (ch *Channel) clockOf() *confirmClock {
-	c := ch.connection
-	if c == nil || c.rp == nil {
-		return nil
+	if o := ch.connection.obsOf(); o != nil && o.Confirmed != nil {
+		return ch.connection.rp.base().clocks.clock(o, ch.id)
 	}
-	return c.rp.base().clockOf(ch.id)
+	return nil
 }
 
-// sending records that tag is about to be written; one that does not follow
-// the last (a channel reopened by recovery starts at 1) starts afresh.
+// sending records that tag is about to be written; one not following the last (recovery restarts at 1) starts afresh.
 func (o *confirmClock) sending(tag uint64) {
 	now := monoNow()
 	o.mu.Lock()
@@ -127,10 +121,7 @@ func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool)
 // publishObserved is publishFast with the publish hooks; BeforePublish gets a copy of msg.
 func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string, mandatory, immediate bool, msg *Publishing) (dc *DeferredConfirmation, err error) {
 	info := PublishInfo{Channel: ch.id, Exchange: exchange, RoutingKey: key, Mandatory: mandatory, BodySize: len(msg.Body)}
-	var clock *confirmClock
-	if o.Confirmed != nil {
-		clock = ch.clockOf()
-	}
+	clock := ch.clockOf()
 	if o.BeforePublish != nil {
 		// Pooled: msg must flow only to publishFrames or it escapes.
 		cp := publishingPool.Get().(*Publishing)

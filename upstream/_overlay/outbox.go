@@ -8,11 +8,10 @@ import (
 	"time"
 )
 
-// A blocked send holds the owner's notify lock (read side), which makes it
-// race-free against upstream closing the listener chan, for at most one
-// slice: whoever takes it for writing (Notify*, Close, shutdown) waits at
-// most outboxMaxSlice, and a close at most closeWait plus one slice
-// (upstream: 5 s per notification; TestUnitOutboxSliceSchedule pins it).
+// A blocked send holds the owner's notify lock (read side), so that upstream
+// cannot close the listener chan under it, for one slice at most: a Notify*,
+// Close or shutdown waits at most outboxMaxSlice for it, a close at most
+// closeWait plus a slice (upstream: 5 s a notification; TestUnitOutboxSliceSchedule).
 const (
 	outboxMinSlice = time.Millisecond
 	outboxMaxSlice = 50 * time.Millisecond
@@ -24,8 +23,7 @@ type outItem interface {
 	// handOver offers what is left and reports whether all is handed over,
 	// waiting at most one slice for a listener, under the notify lock (read).
 	handOver(o *outbox, slice time.Duration, timer **time.Timer) (done bool)
-	// drop gives up on what is left for listeners. Settlements and actions
-	// still run: a DeferredConfirmation must always settle.
+	// drop gives up what is left for listeners; settlements and actions still run: a DeferredConfirmation must settle.
 	drop()
 	cost() int64        // charged to the budget while the item waits
 	kind() ListenerKind // the listeners it waits for; "" for actions
@@ -45,15 +43,12 @@ var monoBase = time.Now()
 // monoNow is a monotonic reading in ns, cheaper to keep than a time.Time.
 func monoNow() int64 { return int64(time.Since(monoBase)) }
 
-// outbox keeps upstream's notification order (one channel's notifications
-// reach their listeners in frame order, across listeners: a basic.return
-// before the ack that settles its DeferredConfirmation; applications rely
-// on it) for one channel, or the connection's blocked/unblocked: it hands
-// them over in arrival order on a workQueue goroutine that exists only while
-// items wait, so an unread listener holds back only its own channel. One
-// goroutine at a time produces into it (the channel's dispatcher, or the
-// drainer), so an idle outbox stays idle until the producer queues: that
-// lets the producer hand a notification over inline.
+// outbox hands one channel's notifications (or the connection's blocked and unblocked) to their
+// listeners in frame order across listeners, as upstream (a basic.return before the ack that
+// settles its DeferredConfirmation; apps rely on it), on a workQueue goroutine that exists only
+// while items wait: an unread listener holds back only its own channel. One goroutine at a time
+// produces into it (the channel's dispatcher, or the drainer), so an idle outbox stays idle until
+// the producer queues, which may then hand a notification over inline.
 type outbox struct {
 	workQueue[queuedItem] // the front is being handed over
 
@@ -63,8 +58,7 @@ type outbox struct {
 	retired    func()        // runs under outer when the outbox empties, if set
 	sliceTimer *time.Timer   // a blocked hand-over's slice (the goroutine's only)
 
-	// Under mu: queued numbers the items; items up to dropThrough are
-	// dropped once dropAt has passed (a close waits on them).
+	// Under mu: queued numbers the items; up to dropThrough, they drop once dropAt passed (a close's).
 	queued      uint64
 	dropThrough uint64
 	dropAt      time.Time
@@ -98,8 +92,7 @@ func (o *outbox) queue(it outItem) uint64 {
 	return seq
 }
 
-// dropBefore makes the items queued before seq (0: all so far) droppable
-// once wait has passed: seq is a close.
+// dropBefore makes the items queued before seq, a close (0: all so far), droppable after wait.
 func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
 	at := time.Now().Add(wait)
 	o.mu.Lock()
@@ -121,8 +114,7 @@ func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
 // dropQueued makes everything queued so far droppable now.
 func (o *outbox) dropQueued() { o.dropBefore(0, 0) }
 
-// runItem hands an item over in slices doubling up to outboxMaxSlice, or
-// drops it once a close's deadline passed.
+// runItem hands an item over in slices doubling up to outboxMaxSlice, or drops it after a close's wait.
 func (o *outbox) runItem(q queuedItem) {
 	for slice := outboxMinSlice; !q.it.handOver(o, slice, &o.sliceTimer); {
 		o.mu.Lock()
@@ -172,7 +164,6 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 	}
 	left := new(notes[T]) // copied, so that the inline attempt allocates nothing
 	*left = n
-	left.of = kindOf[T]()
 	o.queue(left)
 }
 
@@ -198,15 +189,13 @@ type notes[T any] struct {
 	vs     []T
 	li, vi int // next: vs[vi] to ls[li]
 	costOf func(T) int64
-	of     ListenerKind
 }
 
-func (n *notes[T]) kind() ListenerKind { return n.of }
-func (n *notes[T]) count() int         { return len(n.vs) }
-func (n *notes[T]) drop()              {}
+func (n *notes[T]) count() int { return len(n.vs) }
+func (n *notes[T]) drop()      {}
 
-// kindOf names the listeners of values of type T.
-func kindOf[T any]() ListenerKind {
+// kind names the listeners of values of type T.
+func (n *notes[T]) kind() ListenerKind {
 	switch any((*T)(nil)).(type) {
 	case *Confirmation:
 		return KindNotifyPublish
@@ -301,11 +290,10 @@ func (s *settlement) cost() int64        { return frameCost * int64(len(s.dcs)) 
 func (s *settlement) kind() ListenerKind { return KindDeferredConfirmation }
 func (s *settlement) count() int         { return len(s.dcs) }
 
-// take removes and returns what a confirm of tag (and every tag before it,
-// if multiple) settles, so that they settle later, in order, and nothing else
-// settles them (upstream's reset and Close nack only what is in the set). No
-// such tag is below from or above last: looking only there avoids walking a
-// large set behind an unread listener, as upstream's ConfirmMultiple does.
+// take removes and returns what a confirm of tag (and every tag before it, if multiple) settles,
+// so that they settle later, in order, and nothing else does (upstream's reset and Close nack only
+// what is in the set). None is outside [from, last]: looking only there avoids walking a large set
+// behind an unread listener, as upstream's ConfirmMultiple does.
 func (d *deferredConfirmations) take(from, last, tag uint64, multiple bool) []*DeferredConfirmation {
 	d.m.Lock()
 	defer d.m.Unlock()

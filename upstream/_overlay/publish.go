@@ -30,8 +30,7 @@ type publishBuf struct {
 	b    []byte      // the encoded frames; bodies up to publishCopyMax too
 	head int         // len(b) after the method and header frames
 	vecs [][]byte    // what goes to the socket, in order: parts of b and of the body
-	wv   net.Buffers // the copy of vecs that a vectored write consumes
-	wvs  [][]byte    // wv's array, kept for reuse
+	wv   net.Buffers // vecs as a vectored write consumes it (writeVecs)
 }
 
 var publishBufs = sync.Pool{New: func() any {
@@ -45,13 +44,10 @@ func putPublishBuf(pb *publishBuf) {
 	for i := range pb.vecs {
 		pb.vecs[i] = nil
 	}
-	for i := range pb.wvs {
-		pb.wvs[i] = nil
-	}
 	if cap(pb.b) > publishPoolMax || cap(pb.vecs) > publishPoolMaxVecs {
 		return
 	}
-	pb.b, pb.vecs, pb.wv, pb.wvs = pb.b[:0], pb.vecs[:0], nil, pb.wvs[:0]
+	pb.b, pb.vecs, pb.wv = pb.b[:0], pb.vecs[:0], nil
 	publishBufs.Put(pb)
 }
 
@@ -94,12 +90,20 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	return dc, nil
 }
 
-// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held.
+// sendPublish is upstream's send and sendOpen for a basic.publish (its closed checks, then
+// ours); ch.m is held.
 func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error {
-	if err := ch.publishRefused(); err != nil {
-		return err
-	}
 	c := ch.connection
+	if ch.IsClosed() || c.IsClosed() {
+		return ErrClosed // a closed channel sends only channel.close-ok
+	}
+	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
+	if isClosing(c.rp.base().calledC) {
+		return ErrClosedIntentionally
+	}
+	if err := ch.midRecovery(); err != nil {
+		return err // no publish inside recovery's handshake (recoverytags.go)
+	}
 	err := encErr // a shortstr over 255 bytes fails the connection, as upstream
 	if err == nil {
 		pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
@@ -114,18 +118,6 @@ func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error 
 	default:
 	}
 	return nil
-}
-
-// publishRefused is why a publish may not be written now (upstream's checks, then ours), or nil.
-func (ch *Channel) publishRefused() error {
-	if ch.IsClosed() || ch.connection.IsClosed() {
-		return ErrClosed // a closed channel sends only channel.close-ok
-	}
-	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
-	if isClosing(ch.connection.rp.base().calledC) {
-		return ErrClosedIntentionally
-	}
-	return ch.midRecovery() // no publish inside recovery's handshake (recoverytags.go)
 }
 
 // bodyFrameSize is upstream's body frame size for n bytes: positive unless
@@ -155,6 +147,12 @@ type publishOut struct {
 
 // writePublish writes pb's frames; the caller holds c.sendM.
 func (c *Connection) writePublish(pb *publishBuf) error {
+	return c.writeVecs(pb.vecs, &pb.wv, len(pb.vecs))
+}
+
+// writeVecs writes vecs after upstream's buffered frames, max buffers a vectored write through
+// *wv (the caller's: no allocation), which the write consumes; the caller holds c.sendM.
+func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, max int) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
 	if buf != nil {
 		// Upstream's buffered frames first; this also returns bufio's sticky error.
@@ -162,15 +160,21 @@ func (c *Connection) writePublish(pb *publishBuf) error {
 			return err
 		}
 	}
-	if c.rp != nil && buf != nil {
-		if out := &c.rp.base().pub; out.buf == buf && out.out != nil {
-			pb.wv = append(pb.wvs[:0], pb.vecs...)
-			pb.wvs = pb.wv // the write consumes pb.wv; wvs keeps its array
-			_, err := out.out.writeVectors(&pb.wv)
+	if c.rp == nil || buf == nil || c.rp.base().pub.buf != buf || c.rp.base().pub.out == nil {
+		return c.writeThrough(vecs, buf) // another writer: a test's, or a generation being replaced
+	}
+	for len(vecs) > 0 {
+		n := len(vecs)
+		if n > max {
+			n = max
+		}
+		*wv = vecs[:n:n]
+		if _, err := c.rp.base().pub.out.writeVectors(wv); err != nil {
 			return err
 		}
+		vecs = vecs[n:]
 	}
-	return c.writeThrough(pb.vecs, buf) // another writer: a test's, or a generation being replaced
+	return nil
 }
 
 // writeThrough writes vecs through c.writer as upstream does, then flushes buf if any; c.sendM held.
@@ -256,54 +260,48 @@ func appendFrameEnd(b []byte, start int) []byte {
 
 // appendProperties is headerFrame.write's flags and properties, with its errors.
 func appendProperties(b []byte, p *Publishing) ([]byte, error) {
-	w := propWriter{mask: flagIf(p.ContentType != "", flagContentType) |
-		flagIf(p.ContentEncoding != "", flagContentEncoding) |
-		flagIf(len(p.Headers) > 0, flagHeaders) |
-		flagIf(p.DeliveryMode > 0, flagDeliveryMode) |
-		flagIf(p.Priority > 0, flagPriority) |
-		flagIf(p.CorrelationId != "", flagCorrelationId) |
-		flagIf(p.ReplyTo != "", flagReplyTo) |
-		flagIf(p.Expiration != "", flagExpiration) |
-		flagIf(p.MessageId != "", flagMessageId) |
-		flagIf(!p.Timestamp.IsZero(), flagTimestamp) |
-		flagIf(p.Type != "", flagType) |
-		flagIf(p.UserId != "", flagUserId) |
-		flagIf(p.AppId != "", flagAppId)}
-	w.b = binary.BigEndian.AppendUint16(b, w.mask)
+	w := propWriter{b: append(b, 0, 0)} // the flags, set at the end
 	w.str(flagContentType, p.ContentType)
 	w.str(flagContentEncoding, p.ContentEncoding)
-	if hasProperty(w.mask, flagHeaders) && w.err == nil {
+	if w.has(flagHeaders, len(p.Headers) > 0) && w.err == nil {
 		w.b, w.err = appendTable(w.b, p.Headers)
 	}
-	if hasProperty(w.mask, flagDeliveryMode) {
+	if w.has(flagDeliveryMode, p.DeliveryMode > 0) {
 		w.b = append(w.b, p.DeliveryMode)
 	}
-	if hasProperty(w.mask, flagPriority) {
+	if w.has(flagPriority, p.Priority > 0) {
 		w.b = append(w.b, p.Priority)
 	}
 	w.str(flagCorrelationId, p.CorrelationId)
 	w.str(flagReplyTo, p.ReplyTo)
 	w.str(flagExpiration, p.Expiration)
 	w.str(flagMessageId, p.MessageId)
-	if hasProperty(w.mask, flagTimestamp) {
+	if w.has(flagTimestamp, !p.Timestamp.IsZero()) {
 		w.b = binary.BigEndian.AppendUint64(w.b, uint64(p.Timestamp.Unix()))
 	}
 	w.str(flagType, p.Type)
 	w.str(flagUserId, p.UserId)
 	w.str(flagAppId, p.AppId)
+	binary.BigEndian.PutUint16(w.b[len(b):], w.mask)
 	return w.b, w.err
 }
 
-// propWriter is appendProperties' output and its first error.
+// propWriter is appendProperties' output, flags and first error.
 type propWriter struct {
 	b    []byte
 	mask uint16
 	err  error
 }
 
-// str appends the shortstr s if the mask has flag and nothing failed yet.
-func (w *propWriter) str(flag int, s string) {
-	if hasProperty(w.mask, flag) && w.err == nil {
+// has adds flag to the mask if set, and returns set.
+func (w *propWriter) has(flag uint16, set bool) bool {
+	w.mask |= flagIf(set, flag)
+	return set
+}
+
+// str appends the shortstr s, if not empty, unless something failed.
+func (w *propWriter) str(flag uint16, s string) {
+	if w.has(flag, s != "") && w.err == nil {
 		w.b, w.err = appendShortstr(w.b, s)
 	}
 }

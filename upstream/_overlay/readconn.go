@@ -72,10 +72,8 @@ func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer
 	}
 }
 
-// base gives the seam the read path's fixed parts (readPath.base); clockOf is
-// channel id's confirm clock, nil without a Confirmed hook.
-func (b *readBase) base() *readBase                 { return b }
-func (b *readBase) clockOf(id uint16) *confirmClock { return b.clocks.clock(b.obs, id) }
+// base gives the seam the read path's fixed parts (readPath.base).
+func (b *readBase) base() *readBase { return b }
 
 // genEnd is how a generation ends, and why.
 type genEnd struct {
@@ -102,14 +100,7 @@ func (e *genEnd) explain(err error) error {
 	return e.err
 }
 
-func (e *genEnd) isDead() bool {
-	select {
-	case <-e.dead:
-		return true
-	default:
-		return false
-	}
-}
+func (e *genEnd) isDead() bool { return isClosing(e.dead) }
 
 // readGen is one connection generation: one socket, and how it ends.
 type readGen struct {
@@ -190,7 +181,7 @@ func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	w.counts.writingVectors(*v)
 	n, err := v.WriteTo(w.conn)
 	w.counts.writes.Add(1)
-	w.counts.wroteBytes(n)
+	w.counts.bytesOut.Add(uint64(n))
 	if n > 0 {
 		w.sent(n)
 	}
@@ -240,9 +231,6 @@ func (cr *contentReader) channelFrame(c *Connection, split *frameSplitter, id ui
 // heartbeatClock does heartbeat arithmetic on the send interval (half the heartbeat; 0: none).
 type heartbeatClock struct{ interval time.Duration }
 
-// deadline is when a broker last heard from at last is declared dead.
-func (h heartbeatClock) deadline(last time.Time) time.Time { return last.Add(deadAfter * h.interval) }
-
 // timeout returns the error to fail with if the broker is dead at now, else nil.
 func (h heartbeatClock) timeout(lastRecv, now time.Time) *Error {
 	if silent := now.Sub(lastRecv); h.interval > 0 && silent >= deadAfter*h.interval {
@@ -256,7 +244,7 @@ func (h heartbeatClock) timeout(lastRecv, now time.Time) *Error {
 // them); readDeadline is the broker's death or the next duty, whichever is first.
 func (h heartbeatClock) window() time.Duration { return h.interval + h.interval/2 }
 func (h heartbeatClock) readDeadline(lastRecv, dutyAt time.Time) time.Time {
-	deadline := h.deadline(lastRecv)
+	deadline := lastRecv.Add(deadAfter * h.interval) // the broker's death
 	if latest := dutyAt.Add(h.window()); latest.Before(deadline) {
 		return latest
 	}

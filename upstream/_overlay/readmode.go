@@ -58,8 +58,6 @@ var envReadPath = sync.OnceValues(func() (ReadPath, error) {
 	return parseReadModeEnv(os.Getenv(ReadModeEnv))
 })
 
-const readModeEnvValues = `"upstream" (or unset or empty), "drainer", "legacy-autodrain"`
-
 // parseReadModeEnv ignores case and space as compat.ParseMode does.
 func parseReadModeEnv(v string) (ReadPath, error) {
 	switch strings.ToLower(strings.TrimSpace(v)) {
@@ -75,7 +73,7 @@ func parseReadModeEnv(v string) (ReadPath, error) {
 			"set %s=legacy-autodrain, or set Config.ReadPath = amqp.Legacy(...) in code that runs a drain loop",
 			ErrInvalidReadMode, ReadModeEnv, v, ReadModeEnv)
 	default:
-		return nil, fmt.Errorf("%w: %s=%q: want one of %s", ErrInvalidReadMode, ReadModeEnv, v, readModeEnvValues)
+		return nil, fmt.Errorf(`%w: %s=%q: want one of "upstream" (or unset or empty), "drainer", "legacy-autodrain"`, ErrInvalidReadMode, ReadModeEnv, v)
 	}
 }
 
@@ -97,9 +95,8 @@ type readPathSources struct {
 	env          func() (ReadPath, error) // AMQP091_READ_MODE
 }
 
-// resolve picks cfg, SetDefaultReadPath, the mode a test file forces on
-// upstream's suite, AMQP091_READ_MODE, then upstream (nil): a variable
-// left in a shell changes no mode chosen in code or by the suite.
+// resolve picks cfg, SetDefaultReadPath, the mode a test file forces on upstream's suite,
+// AMQP091_READ_MODE, then upstream (nil): a shell's variable changes no mode chosen in code or by the suite.
 func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	switch {
 	case cfg != nil:

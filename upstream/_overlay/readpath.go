@@ -11,12 +11,11 @@ import (
 	"time"
 )
 
-// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces
-// upstream's reader and heartbeater goroutines and RPC waits. The hooks of
-// 0001-read-path-seam.patch (PATCHES.md) run upstream's code when c.rp is nil:
-// startAndOpen (readmode.go), startReader, startHeartbeater, connCall, callThrough,
-// rpcCap, makeConsumers, bufferFor, confirmPump, pumpUntilDone, publishCtx,
-// publishDeferredCtx, rpOpened, rpClosing, rpShutdown, dispatched.signal.
+// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces upstream's reader
+// and heartbeater goroutines and RPC waits. The hooks of 0001-read-path-seam.patch (PATCHES.md)
+// run upstream's code when c.rp is nil: startAndOpen (readmode.go), startReader, startHeartbeater,
+// connCall, callThrough, rpcCap, makeConsumers, bufferFor, confirmPump, pumpUntilDone,
+// publishCtx, publishDeferredCtx, rpOpened, rpClosing, rpShutdown, dispatched.signal.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames;
 // nil keeps upstream's. Sealed: values come from this package's constructors.
@@ -30,9 +29,8 @@ type readPath interface {
 	base() *readBase                                             // what was fixed at attach (readconn.go)
 	start(conn io.ReadWriteCloser)                               // for `go c.reader`: c.m, sendM not held, before the handshake
 	heartbeater(interval time.Duration, done chan struct{}) bool // for `go c.heartbeater`; false: run it
-	// connCall waits for a sent channel-0 request's reply, matched into res
-	// as upstream does (errors and rpc read under c.m); chanCall likewise on
-	// ch, with ch's chans as read under ch.m before the send (callThrough).
+	// connCall waits for a sent channel-0 request's reply, matched into res as upstream does (errors
+	// and rpc read under c.m); chanCall likewise on ch, its chans read under ch.m before the send (callThrough).
 	connCall(errors chan *Error, rpc chan message, res []message) error
 	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
 	opened()                               // after a handshake, once upstream cleared the deadlines
@@ -43,8 +41,7 @@ type readPath interface {
 	// standInSend runs send, a stand-in's channel.close (bounded.go),
 	// without waiting for a read in progress: it may be the abandoned call's.
 	standInSend(send func() error) error
-	// nextReply waits until ctx ends for the next message in rpc, or for
-	// errs, reading frames meanwhile if nobody else does (legacy).
+	// nextReply waits until ctx ends for the next message in rpc, or errs, reading frames if nobody else does (legacy).
 	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
 	stats(s *Stats, now time.Time) // fills in s, taken at now
 }
@@ -153,8 +150,8 @@ func matchReply(msg message, res []message) error {
 // activity counts dispatched frames and wakes those waiting for more. It is
 // on upstream's per-frame path: with nobody waiting, an add and a load.
 type activity struct {
-	frames  atomic.Uint64
-	waiters atomic.Pointer[chan struct{}]
+	frames atomic.Uint64
+	wakeup
 }
 
 // signal counts a dispatched frame and wakes the waiters.
@@ -163,23 +160,25 @@ func (a *activity) signal() {
 	a.wake()
 }
 
-// wake wakes everyone waiting on a chan from wait.
-func (a *activity) wake() {
-	if a.waiters.Load() != nil {
-		if p := a.waiters.Swap(nil); p != nil {
+// wakeup wakes everyone waiting on a chan from wait; with nobody waiting, wake is a load.
+type wakeup struct{ waiters atomic.Pointer[chan struct{}] }
+
+func (w *wakeup) wake() {
+	if w.waiters.Load() != nil {
+		if p := w.waiters.Swap(nil); p != nil {
 			close(*p)
 		}
 	}
 }
 
 // wait returns a chan closed at the next wake.
-func (a *activity) wait() <-chan struct{} {
+func (w *wakeup) wait() <-chan struct{} {
 	for {
-		if p := a.waiters.Load(); p != nil {
+		if p := w.waiters.Load(); p != nil {
 			return *p
 		}
 		ch := make(chan struct{})
-		if a.waiters.CompareAndSwap(nil, &ch) {
+		if w.waiters.CompareAndSwap(nil, &ch) {
 			return ch
 		}
 	}

@@ -36,9 +36,8 @@ type closedBecause struct{ text string }
 func (e *closedBecause) Error() string { return e.text }
 func (e *closedBecause) Unwrap() error { return ErrClosed }
 
-// deliveryTags keeps a Channel's tags unique across recoveries (#27), where
-// the broker restarts at 1: a tag is the broker's plus offset, and older
-// tags are refused, so multiple=true never reaches across generations.
+// deliveryTags keeps a Channel's tags unique across recoveries (#27), where the broker restarts
+// at 1: a tag is the broker's plus offset; older ones are refused, so multiple=true stays in a generation.
 type deliveryTags struct {
 	offset  atomic.Uint64 // the highest tag handed out before this generation
 	highest atomic.Uint64 // the highest tag handed out, this generation's included
@@ -50,8 +49,7 @@ type recoveryState struct {
 	secret         atomic.Pointer[string]
 }
 
-// safeRecovery says whether tags stay unique and recoveries log in with the
-// last UpdateSecret's: with a read path, or Config.SafeRecovery.
+// safeRecovery says whether tags stay unique and logins take UpdateSecret's: a read path, or Config.SafeRecovery.
 func (c *Connection) safeRecovery() bool { return c.rp != nil || c.Config.SafeRecovery }
 
 // handOut returns and records the application's tag for raw.

@@ -2,9 +2,8 @@
 
 package amqp091
 
-// runQueue is the slice behind a queue whose taker runs, or is awake, only
-// while items wait: a workQueue's goroutine, or a consumer inbox's taker
-// (inbox.go). The owner's lock guards it.
+// runQueue is the slice behind a queue whose taker runs, or is awake, only while items wait: a
+// workQueue's goroutine, or a consumer inbox's taker (inbox.go). The owner's lock guards it.
 type runQueue[T any] struct {
 	items   []T // items[head:] wait; items[head] is the next
 	head    int
@@ -18,8 +17,7 @@ const keepItems = 1024
 // put appends v and reports whether the taker must be started or woken.
 func (q *runQueue[T]) put(v T) (start bool) {
 	if len(q.items) == cap(q.items) && q.head >= len(q.items)/2 {
-		// Slide down rather than grow: a queue that never empties must not
-		// keep every item it ever held.
+		// Slide down rather than grow: a queue that never empties must not keep all it ever held.
 		n := copy(q.items, q.items[q.head:])
 		var zero T
 		for i := n; i < len(q.items); i++ {

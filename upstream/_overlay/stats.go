@@ -145,15 +145,10 @@ func (s *bufferSet) remove(st *bufferStat) {
 	s.mu.Unlock()
 }
 
-func (st *bufferStat) pushed(cost, oldest int64) {
-	st.queued.Add(1)
+// moved counts n deliveries more (n < 0: taken) and their cost; oldest is the oldest waiting's arrival, 0: none.
+func (st *bufferStat) moved(n, cost, oldest int64) {
+	st.queued.Add(n)
 	st.bytes.Add(cost)
-	st.oldest.Store(oldest)
-}
-
-func (st *bufferStat) popped(cost, oldest int64) {
-	st.queued.Add(-1)
-	st.bytes.Add(-cost)
 	st.oldest.Store(oldest)
 }
 
@@ -173,11 +168,4 @@ func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
 		out = append(out, cs)
 	}
 	return out
-}
-
-// cleared records that the inbox holds nothing.
-func (st *bufferStat) cleared() {
-	st.queued.Store(0)
-	st.bytes.Store(0)
-	st.oldest.Store(0)
 }

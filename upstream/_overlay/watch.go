@@ -11,18 +11,16 @@ import (
 	"time"
 )
 
-// The defaults of DrainerOptions.StallWarning, DepthWarning (a fraction of
-// the budget) and WarnInterval.
+// The defaults of DrainerOptions.StallWarning, DepthWarning (a fraction of the budget), WarnInterval.
 const (
 	defaultStallWarning = 5 * time.Second
 	defaultDepthWarning = 0.25
 	defaultWarnInterval = 30 * time.Second
 )
 
-// watcher warns before a stalled listener fills the budget (stalling every
-// channel) and applies the stall policy, from code that runs anyway (no
-// goroutine or timer), at most once per interval per sort, listener kind or consumer.
-// nil when DrainerOptions set neither a Logger nor DropStalledListener.
+// watcher warns before a stalled listener fills the budget (stalling every channel), at most
+// once an interval per sort, listener kind or consumer, and applies the stall policy, from code
+// that runs anyway (no goroutine or timer); nil without DrainerOptions.Logger and DropStalledListener.
 type watcher struct {
 	log       *slog.Logger // never nil: a discarding logger without Logger
 	obs       *Observer
@@ -178,9 +176,8 @@ func (o *outbox) headLocked(now int64) outboxHead {
 	return h
 }
 
-// dropListener closes and unregisters l (o.forget), and skips what is queued
-// for it from now on. False, closing nothing: upstream closed the listeners,
-// or l was dropped before or is no longer registered.
+// dropListener closes and unregisters l (o.forget) and skips what is queued for it from now
+// on; false, closing nothing, if upstream closed the listeners or l is dropped or unregistered.
 func (o *outbox) dropListener(l any) bool {
 	o.lock.Lock()
 	defer o.lock.Unlock()
@@ -194,9 +191,8 @@ func (o *outbox) dropListener(l any) bool {
 	return o.forget(l)
 }
 
-// forgetListener unregisters and closes a listener the stall policy gave up
-// on. The caller holds ch.notifyM for writing, as upstream does when it
-// closes the listeners, so the two never both close one chan.
+// forgetListener unregisters and closes a listener the stall policy gave up on. The caller
+// holds ch.notifyM for writing, as upstream when it closes the listeners: never both close one chan.
 func (ch *Channel) forgetListener(l any) (found bool) {
 	switch c := l.(type) {
 	case chan Confirmation:
@@ -291,9 +287,6 @@ func (d *drainConn) pauseBegan() {
 // pauseEnded runs when the drainer reads again after a pause.
 func (d *drainConn) pauseEnded() {
 	took := d.budget.pauseEnded(time.Now())
-	if d.watch == nil && (d.obs == nil || d.obs.BudgetResumed == nil) {
-		return
-	}
 	info := BudgetInfo{Limit: d.budget.high, Used: d.budget.usedNow(), Paused: took, Holder: d.pausedFor}
 	if d.watch != nil {
 		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn, "amqp: the drainer reads the socket again",

@@ -8,15 +8,13 @@ import (
 	"time"
 )
 
-// workQueue runs items in order on a goroutine of its own, so that the
-// drainer never waits for them. The first item of a burst starts it; it
-// retires when none is left or, if its handler keeps it, parks for linger.
-// Each item is charged to the budget until it ran and counted in work.
+// workQueue runs items in order on a goroutine of its own, so that the drainer never waits
+// for them. The first item of a burst starts it; it retires when none is left or, if its handler
+// keeps it, parks for linger. Each item is charged to the budget until it ran and counted in work.
 type workQueue[T any] struct {
 	budget *budget
 	work   *workCount // if set, counts the queued items for a shutdown to wait on
-	// outer, if set, is taken before mu when the queue is found empty, so
-	// that retire runs under it (a dispatcher's jobs are put under it).
+	// outer, if set, is taken before mu on an empty queue, so retire runs under it (as do a dispatcher's puts).
 	outer  *sync.Mutex
 	linger time.Duration          // how long an empty queue's goroutine parks; 0: it retires
 	ended  func() <-chan struct{} // if set, closed when a parked goroutine must retire
@@ -168,8 +166,7 @@ func stopTimer(t *time.Timer) {
 type serialQueue struct {
 	workQueue[queuedJob]
 	retired func() (keep bool) // runs under outer when the queue empties: may it park?
-	// handleJob runs the jobs with no run func. It takes the job by value:
-	// a pointer to the loop's copy would escape, an allocation per job.
+	// handleJob runs the jobs with no run func, by value: a pointer to the loop's copy would escape.
 	handleJob func(queuedJob)
 }
 
@@ -207,19 +204,16 @@ func (q *serialQueue) runItem(job queuedJob) {
 func (q *serialQueue) doneItem(job queuedJob) int64 { return job.cost }
 func (q *serialQueue) retire() bool                 { return q.retired == nil || q.retired() }
 
-// workCount counts a connection's queued jobs and outbox items, so that a
-// shutdown can wait for what arrived before it.
+// workCount counts a connection's queued jobs and outbox items, for a shutdown to wait for.
 type workCount struct {
-	n       atomic.Int64
-	waiters atomic.Pointer[chan struct{}]
+	n atomic.Int64
+	wakeup
 }
 
 // add counts delta more items, waking the waiters when none is left.
 func (w *workCount) add(delta int64) {
-	if w.n.Add(delta) == 0 && w.waiters.Load() != nil {
-		if p := w.waiters.Swap(nil); p != nil {
-			close(*p)
-		}
+	if w.n.Add(delta) == 0 {
+		w.wake()
 	}
 }
 
@@ -227,14 +221,7 @@ func (w *workCount) add(delta int64) {
 func (w *workCount) waitIdle(deadline time.Time) bool {
 	var timer *time.Timer
 	for {
-		woken := w.waiters.Load()
-		if woken == nil {
-			ch := make(chan struct{})
-			if !w.waiters.CompareAndSwap(nil, &ch) {
-				continue
-			}
-			woken = &ch
-		}
+		woken := w.wait() // before the check, so no wake is lost
 		if w.n.Load() == 0 {
 			return true
 		}
@@ -243,7 +230,7 @@ func (w *workCount) waitIdle(deadline time.Time) bool {
 			defer timer.Stop()
 		}
 		select {
-		case <-*woken:
+		case <-woken:
 		case <-timer.C:
 			return w.n.Load() == 0
 		}
