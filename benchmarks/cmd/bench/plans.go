@@ -56,10 +56,10 @@ var plans = map[string]suitePlan{
 	},
 	// quick answers a newcomer's question, "how does the patched build
 	// compare with upstream on my machine?", in under 10 minutes on a
-	// 2-core machine shared with the broker: its 54 runs took 5m27s of
-	// `time make bench` on this one (2026-12-04, builds cached), while
-	// other tenants kept the load average at 3-4. A first run also
-	// compiles both builds.
+	// 2-core machine shared with the broker: its 63 runs took 5m36s of
+	// `time make bench` on this one (2026-12-04, builds cached, vendoring
+	// included), while other tenants' tests ran alongside. A first run
+	// also compiles both builds.
 	//
 	// The variants: pristine upstream against the patched build in its
 	// two new read modes. The patched build's upstream mode is left out:
