@@ -61,6 +61,42 @@ func (s *readerSpy) handled(d *amqp.Delivery) {
 	s.mu.Unlock()
 }
 
+// awaitBlocked waits for the handler to block, and checks that the
+// ConsumeFunc read some of the n deliveries before it: the lease was taken.
+func (s *readerSpy) awaitBlocked(t *testing.T, blocked <-chan struct{}, done <-chan error, n int) {
+	t.Helper()
+	select {
+	case <-blocked:
+	case err := <-done:
+		t.Fatalf("ConsumeFunc returned %v before its handler blocked", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the handler never reached its blocking delivery")
+	}
+	if s.selfRead.Load() == 0 {
+		t.Errorf("none of %d deliveries was read by the ConsumeFunc's goroutine: the lease was never taken", n)
+	}
+}
+
+// publishConfirmed publishes n messages on a new confirming channel of
+// conn, each confirmed before ctx ends, and returns the channel.
+func publishConfirmed(t *testing.T, ctx context.Context, conn *amqp.Connection, key string, n int) *amqp.Channel {
+	t.Helper()
+	ch := testenv.Channel(t, conn)
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < n; i++ {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", key, false, false, amqp.Publishing{Body: []byte("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := dc.WaitContext(ctx); !ok || err != nil {
+			t.Fatalf("publish %d on another channel not confirmed while a handler blocks: %v %v", i, ok, err)
+		}
+	}
+	return ch
+}
+
 // TestLeaseHandlerBlockedStallsNobody: a ConsumeFunc on a prefetch of 1
 // reads its own deliveries (the lease is taken); then its handler blocks.
 // Meanwhile another channel's publishes are all confirmed, an RPC
@@ -103,33 +139,12 @@ func TestLeaseHandlerBlockedStallsNobody(t *testing.T) {
 			return d.Ack(false)
 		})
 	}()
-	select {
-	case <-blocked:
-	case err := <-done:
-		t.Fatalf("ConsumeFunc returned %v before its handler blocked", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler never reached its blocking delivery")
-	}
-	if spy.selfRead.Load() == 0 {
-		t.Errorf("none of %d deliveries was read by the ConsumeFunc's goroutine: the lease was never taken", blockAt)
-	}
+	spy.awaitBlocked(t, blocked, done, blockAt)
 
 	// The handler blocks: another channel's confirms, an RPC and the heartbeats still flow.
-	chB := testenv.Channel(t, conn)
-	if err := chB.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
 	bounded, stop := context.WithTimeout(context.Background(), 15*time.Second)
 	defer stop()
-	for i := 0; i < 50; i++ {
-		dc, err := chB.PublishWithDeferredConfirmWithContext(bounded, "", q+"-none", false, false, amqp.Publishing{Body: []byte("x")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := dc.WaitContext(bounded); !ok || err != nil {
-			t.Fatalf("publish %d on another channel not confirmed while a handler blocks: %v %v", i, ok, err)
-		}
-	}
+	chB := publishConfirmed(t, bounded, conn, q+"-none", 50)
 	if _, err := chB.QueueDeclarePassive(q, false, false, false, false, nil); err != nil {
 		t.Fatalf("an RPC while a handler blocks: %v", err)
 	}
@@ -238,32 +253,10 @@ func TestLeaseHandlerBlockedForeverWhileAnotherChannelConfirms(t *testing.T) {
 			return d.Ack(false)
 		})
 	}()
-	select {
-	case <-blocked:
-	case err := <-done:
-		t.Fatalf("ConsumeFunc returned %v before its handler blocked", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("the handler never reached its blocking delivery")
-	}
-	if spy.selfRead.Load() == 0 {
-		t.Errorf("none of %d paced deliveries was read by the ConsumeFunc's goroutine: the lease was never taken", paced)
-	}
-
-	ch2 := testenv.Channel(t, conn)
-	if err := ch2.Confirm(false); err != nil {
-		t.Fatal(err)
-	}
+	spy.awaitBlocked(t, blocked, done, paced)
 	bounded, stop := context.WithTimeout(context.Background(), 15*time.Second)
 	defer stop()
-	for i := 0; i < published; i++ {
-		dc, err := ch2.PublishWithDeferredConfirmWithContext(bounded, "", "q2", false, false, amqp.Publishing{Body: []byte("x")})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ok, err := dc.WaitContext(bounded); !ok || err != nil {
-			t.Fatalf("publish %d not confirmed while the handler blocks forever: %v %v", i, ok, err)
-		}
-	}
+	publishConfirmed(t, bounded, conn, "q2", published)
 	// The peer answers no basic.cancel: the consumer ends with the connection.
 	unblock()
 	_ = conn.Close()
