@@ -150,9 +150,9 @@ func (c *Connection) writePublish(pb *publishBuf) error {
 	return c.writeVecs(pb.vecs, &pb.wv, len(pb.vecs))
 }
 
-// writeVecs writes vecs after upstream's buffered frames, max buffers a vectored write through
+// writeVecs writes vecs after upstream's buffered frames, maxVecs buffers a vectored write through
 // *wv (the caller's: no allocation), which the write consumes; the caller holds c.sendM.
-func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, max int) error {
+func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
 	if buf != nil {
 		// Upstream's buffered frames first; this also returns bufio's sticky error.
@@ -165,8 +165,8 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, max int) error
 	}
 	for len(vecs) > 0 {
 		n := len(vecs)
-		if n > max {
-			n = max
+		if n > maxVecs {
+			n = maxVecs
 		}
 		*wv = vecs[:n:n]
 		if _, err := c.rp.base().pub.out.writeVectors(wv); err != nil {
