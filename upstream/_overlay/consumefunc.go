@@ -54,7 +54,7 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 // While it waits with nothing queued, ConsumeFunc reads the socket itself.
 // Legacy: when nobody else reads (no DrainEvents loop needed; another's
 // write cuts the read short). Drainer: while bytes flow, the drainer lends
-// it the read, taking it back within about 2 ms of a handler running long.
+// it the read, taking it back within about 1 ms of a handler running long.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err

@@ -95,7 +95,7 @@ func (m drainerMode) attach(c *Connection) readPath {
 	d.watch = newWatcher(o, d.budget)
 	d.buffers.watch = d.watch
 	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
-	d.confirmWait = d.reclaim
+	d.confirmWait = func(context.Context, <-chan struct{}) error { d.current().reclaim(); return nil }
 	return d
 }
 
@@ -209,8 +209,10 @@ func (g *drainGen) readStep(d *drainConn, quiet time.Duration) (idle, stop bool,
 			}
 			deadline = hb.readDeadline(g.lastRecv, g.dutyAt)
 		}
-		if cap := time.Now().Add(quiet); quiet > 0 && (deadline.IsZero() || cap.Before(deadline)) {
-			deadline = cap
+		if quiet > 0 {
+			if cap := time.Now().Add(quiet); deadline.IsZero() || cap.Before(deadline) {
+				deadline = cap
+			}
 		}
 		g.capped = quiet > 0
 		_ = g.nc.SetReadDeadline(deadline)
@@ -326,8 +328,8 @@ func (g *drainGen) beat(d *drainConn, interval time.Duration) *Error {
 // awaitReply is readMode.awaitReply. The end overtakes what dispatchers
 // still have to run, so a channel's caller waits for them (CloseTimeout).
 func (d *drainConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
-	_ = d.reclaim(ctx, nil)
 	g := d.current()
+	g.reclaim()
 	var err error
 	select {
 	case msg := <-rpc:

@@ -112,12 +112,11 @@ func (g *drainGen) pumpFor(_ context.Context, box *inbox) error {
 	return nil
 }
 
-// reclaim takes the turn back for a caller about to wait for a frame.
-func (d *drainConn) reclaim(context.Context, <-chan struct{}) error {
-	if g := d.current(); g != nil && g.lent.Load() {
+// reclaim takes the turn back for a caller about to wait for a frame (nil g: none).
+func (g *drainGen) reclaim() {
+	if g != nil && g.lent.Load() {
 		g.giveBack()
 	}
-	return nil
 }
 
 // giveBack wakes the parked drainer to take its turn back.
