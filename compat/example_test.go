@@ -190,3 +190,38 @@ func Example_ackAcrossRecovery() {
 }
 
 func handle(amqp.Delivery) {}
+
+// A publisher with many messages writes them in one system call per batch,
+// not one per message; in confirm mode each message has its confirmation.
+func Example_publishBatch() {
+	conn, err := compat.Dial("amqp://guest:guest@127.0.0.1:5672/", compat.Drainer)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		log.Fatal(err)
+	}
+	batch := make([]amqp.BatchPublishing, 0, 100)
+	for i := 0; i < 100; i++ {
+		batch = append(batch, amqp.BatchPublishing{Key: "jobs", Msg: amqp.Publishing{Body: []byte{byte(i)}}})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// An unencodable message fails the whole batch before a byte is written;
+	// a failed write returns the confirmations too, each nacked as the
+	// connection ends unless the broker acked it first.
+	dcs, err := ch.PublishBatch(ctx, batch)
+	if err != nil {
+		log.Print(err)
+	}
+	for _, dc := range dcs {
+		if ack, err := dc.WaitContext(ctx); !ack || err != nil {
+			log.Printf("message %d not confirmed: %v", dc.DeliveryTag, err)
+		}
+	}
+}

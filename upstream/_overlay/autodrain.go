@@ -19,10 +19,9 @@ func (l *legacyConn) autoDrain(g *legacyGen) {
 		err := l.drainOn(ctx, g)
 		cancel()
 		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			// Close or g's end. After Close over io.Pipe, read alongside
-			// Close's pump, or a peer writing to us blocks the handshake;
-			// over a net.Conn that read would hold the transport lock that
-			// connection.close needs.
+			// Close or g's end. After Close over io.Pipe, read alongside Close's pump, or a peer
+			// writing to us blocks the handshake; over a net.Conn that read would hold the
+			// transport lock that connection.close needs.
 			if _, isNet := g.conn.(net.Conn); !isNet && errors.Is(err, ErrClosedIntentionally) {
 				_, _ = l.await(context.WithValue(context.Background(), closerKey{}, true), g, nil, nil, g.dead)
 			}

@@ -28,8 +28,7 @@ func (b *blockGate) block() {
 	}
 }
 
-// unblock releases the held publishes: at connection.unblocked, at the
-// connection's end (they fail as upstream's), or for a new generation.
+// unblock releases the held publishes: connection.unblocked, the end, or a new generation.
 func (b *blockGate) unblock() {
 	b.m.Lock()
 	defer b.m.Unlock()
@@ -38,8 +37,7 @@ func (b *blockGate) unblock() {
 	}
 }
 
-// wait returns nil at once unless the connection is blocked and ctx can
-// end; then it waits for the unblock, or returns ctx's error.
+// wait returns nil unless blocked with a ctx that can end: then at the unblock, or ctx's error.
 func (b *blockGate) wait(ctx context.Context) error {
 	p := b.blocked.Load()
 	if p == nil || ctx.Done() == nil {

@@ -14,8 +14,7 @@ type pooledKey struct {
 	tag string
 }
 
-// pooledSet is the ConsumeFunc consumers, whose bodies are pooled; the fast
-// path reads it per message, lock-free: add and remove replace a snapshot.
+// pooledSet is the ConsumeFunc consumers (pooled bodies), read lock-free: a change replaces a snapshot.
 type pooledSet struct {
 	mu   sync.Mutex
 	snap atomic.Pointer[map[pooledKey]struct{}]

@@ -9,24 +9,20 @@ import (
 	"sync"
 )
 
-// Bounded calls: a context variant (bounded_methods.go) runs the call, mostly the
-// upstream method, on its own goroutine, so the bound holds whatever it blocks in.
-// Replies carry no request id, so a channel whose caller left is abandoned (as the
-// Java client's channelRpcTimeout does) through a stand-in that keeps its id until
-// the broker's close-ok; a connection-level request ends the connection.
+// Bounded calls: a context variant (bounded_methods.go) runs the call, mostly the upstream method,
+// on its own goroutine, so the bound holds whatever it blocks in. Replies carry no request id, so a
+// channel whose caller left is abandoned (as the Java client's channelRpcTimeout does) through a
+// stand-in that keeps its id until the close-ok; a connection-level request ends the connection.
 
-// ErrRPCTimeout is the cause of an *RPCError from a synchronous method that
-// got no reply within DrainerOptions.RPCTimeout or LegacyOptions.RPCTimeout.
+// ErrRPCTimeout is an *RPCError's cause past DrainerOptions.RPCTimeout or LegacyOptions.RPCTimeout.
 var ErrRPCTimeout = errors.New("amqp: no reply within the RPC timeout")
 
-// RPCError is returned by a synchronous method whose reply did not come
-// before its ctx ended (a ...WithContext method: errors.Is(err,
-// context.Cause(ctx))) or before the read mode's RPCTimeout (errors.Is(err,
-// ErrRPCTimeout)). If the request had been handed over, its channel (or
-// the connection, for channel 0) is closed and errors.Is(err, ErrClosed):
-// open a new channel to go on. Whether the broker carried the request out
-// is unknown: a declaration may exist, a GetWithContext autoAck message
-// may be gone.
+// RPCError is returned by a synchronous method whose reply did not come before its ctx ended (a
+// ...WithContext method: errors.Is(err, context.Cause(ctx))) or before the read mode's RPCTimeout
+// (errors.Is(err, ErrRPCTimeout)). If the request had been handed over, its channel (or the
+// connection, for channel 0) is closed and errors.Is(err, ErrClosed): open a new channel to go on.
+// Whether the broker carried the request out is unknown: a declaration may exist, a GetWithContext
+// autoAck message may be gone.
 type RPCError struct {
 	// Method is the request, in the spec's dotted form ("queue.declare").
 	Method string
@@ -151,8 +147,7 @@ func (ch *Channel) takeOver(abandon bool) *Channel {
 	return stand
 }
 
-// rpcTimedOut abandons ch after the read mode's RPCTimeout. For Close, whose
-// channel.close was written, a stand-in only keeps the id until the close-ok.
+// rpcTimedOut abandons ch after RPCTimeout; for Close (written) a stand-in keeps the id till close-ok.
 func (ch *Channel) rpcTimedOut(res []message) error {
 	name := requestFor(res)
 	if name != "channel.close" {
@@ -170,16 +165,14 @@ func (c *Connection) connTimedOut(res []message) error {
 	return &RPCError{Method: name, Err: ErrRPCTimeout, Closed: true}
 }
 
-// closeStarted reports whether Close (or the library's own close) began:
-// its close-ok wait is bounded by CloseTimeout, not RPCTimeout.
+// closeStarted reports whether a close began: CloseTimeout, not RPCTimeout, bounds its wait.
 func (c *Connection) closeStarted() bool {
 	c.closeM.Lock()
 	defer c.closeM.Unlock()
 	return c.closeInit
 }
 
-// retire shuts ch down as Close does (it may wait for a publish to let go of
-// ch.m), then sends channel.close through stand once ended (if any) receives.
+// retire shuts ch down as Close does, then sends channel.close through stand once ended receives.
 func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) error {
 	c := ch.connection
 	ch.closeRecovery()
@@ -205,9 +198,8 @@ func (stand *Channel) closeInBackground(sendErr error) {
 	stand.connection.dropStandIn(stand)
 }
 
-// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping the
-// replies meant for the caller who left; with pump it reads frames if the mode
-// needs it (legacy), as a waiting Close does.
+// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping the replies meant for the
+// caller who left; with pump it reads frames if the mode needs it (legacy), as Close does.
 func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
@@ -255,8 +247,7 @@ func (ch *Channel) await(res ...message) error {
 	return matchReply(msg, res)
 }
 
-// abandonConnection ends c at once: a connection-level request got no reply in
-// time, and a later one could not be told from the next request's.
+// abandonConnection ends c: a late reply to a connection-level request would pass for the next's.
 func (c *Connection) abandonConnection(method string, cause error) {
 	err := &Error{Code: InternalError, Reason: fmt.Sprintf("%s got no reply: %v", method, cause), Recover: true}
 	if c.rp != nil {

@@ -133,10 +133,9 @@ func (ch *Channel) ConsumeWithRPCContext(ctx context.Context, queue, consumer st
 	})
 }
 
-// CloseWithContext is Close, bounded by ctx. The channel is closed for the
-// application at once (deliveries, listeners and waiters as by Close), and
-// it returns the close handshake's error, or nil for a channel already
-// closed. If ctx ends first it returns an *RPCError, and the channel's id
+// CloseWithContext is Close, bounded by ctx. The channel is closed for the application at once
+// (deliveries, listeners and waiters as by Close), and it returns the close handshake's error, or
+// nil for a channel already closed. If ctx ends first it returns an *RPCError, and the channel's id
 // stays reserved until the broker answers or the connection ends.
 func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	if ctx == nil {
@@ -172,10 +171,9 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	return err
 }
 
-// ChannelWithContext is Channel, with the channel.open round trip bounded
-// by ctx. If ctx ends first it returns an *RPCError (see RPCError); the id
-// it had taken stays reserved until the broker has answered the open and
-// the channel.close that follows, so a late channel.open-ok is never taken
+// ChannelWithContext is Channel, with the channel.open round trip bounded by ctx. If ctx ends first
+// it returns an *RPCError (see RPCError); the id it had taken stays reserved until the broker has
+// answered the open and the channel.close that follows, so a late channel.open-ok is never taken
 // for another channel's reply.
 func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if ctx == nil {
@@ -224,21 +222,19 @@ func (ch *Channel) abandonOpen(sent <-chan error) {
 	ch.abandonAfter("channel.open", nil)
 }
 
-// UpdateSecretWithContext is UpdateSecret, bounded by ctx. If ctx ends
-// first, it returns an *RPCError and the connection is closed with an
-// *Error saying why (which starts automatic recovery where enabled).
+// UpdateSecretWithContext is UpdateSecret, bounded by ctx. If ctx ends first, it returns an
+// *RPCError and the connection closes with an *Error saying why (recovery starts where enabled).
 func (c *Connection) UpdateSecretWithContext(ctx context.Context, newSecret, reason string) error {
 	const method = "connection.update-secret"
 	return runBounded(ctx, method, 0, func() error { return c.UpdateSecret(newSecret, reason) },
 		func(cause error, _ <-chan struct{}) { c.abandonConnection(method, cause) })
 }
 
-// CloseWithContext is Close, bounded by ctx. If ctx ends (or has ended)
-// before the broker's close-ok or before an in-flight recovery settles, it
-// returns an *RPCError and closes the socket, which ends the connection at
-// once and frees a publisher blocked in a write; the teardown finishes on
-// its own, and the connection, its channels, consumers and listeners end
-// up closed as with Close; an ended ctx on a closed one gets ErrClosed.
+// CloseWithContext is Close, bounded by ctx. If ctx ends (or has ended) before the broker's
+// close-ok or before an in-flight recovery settles, it returns an *RPCError and closes the socket,
+// which ends the connection at once and frees a publisher blocked in a write; the teardown finishes
+// on its own, and the connection, its channels, consumers and listeners end up closed as with
+// Close; an ended ctx on a closed one gets ErrClosed.
 func (c *Connection) CloseWithContext(ctx context.Context) error {
 	const method = "connection.close"
 	if ctx == nil {
@@ -273,14 +269,9 @@ func (c *Connection) closeSocket() {
 
 // boundedValue is ch.bounded for a method that returns a value (zero with an error).
 func boundedValue[T any](ctx context.Context, ch *Channel, method string, call func() (T, error)) (T, error) {
-	var v T
-	err := ch.bounded(ctx, method, func() (err error) {
-		v, err = call()
-		return err
-	})
-	if err != nil {
-		var zero T
-		return zero, err
+	var v T // the abandoned call's goroutine may still write it: read only on success
+	if err := ch.bounded(ctx, method, func() (err error) { v, err = call(); return err }); err != nil {
+		return *new(T), err
 	}
 	return v, nil
 }

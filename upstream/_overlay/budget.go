@@ -31,13 +31,11 @@ func newBudget(high, low int64) *budget { return &budget{high: high, low: low} }
 func (b *budget) charge(n int64)  { b.add(n, 0) }
 func (b *budget) release(n int64) { b.add(-n, 0) }
 
-// pin charges a message the reader still assembles, which never makes it
-// pause: only reading on releases it (unpin, once complete or dropped).
+// pin charges a message being assembled, never a pause's cause: only reading on unpins it.
 func (b *budget) pin(n int64)   { b.add(n, n) }
 func (b *budget) unpin(n int64) { b.add(-n, -n) }
 
-// add counts n bytes more used, pinned of them pinned, and closes belowC once
-// usage, pinned aside, is at low (which only a fall in usage can reach).
+// add counts n bytes more used, pinned of them pinned, and closes belowC once usage less pinned ≤ low.
 func (b *budget) add(n, pinned int64) {
 	b.mu.Lock()
 	b.used += n

@@ -9,8 +9,7 @@ import (
 	"time"
 )
 
-// closeIntent records that the application called Close: it wakes whoever waits for that,
-// tells it from the drainer's protocolClose (markProtocol), and bounds the close with a watchdog.
+// closeIntent records a Close: it wakes waiters, tells it from protocolClose, bounds it (watchdog).
 type closeIntent struct {
 	mu       sync.Mutex
 	calledC  chan struct{} // closed by Close (under mu): wakes DrainEvents callers, refuses publishes and direct hand-overs
@@ -69,8 +68,7 @@ func (ci *closeIntent) closeDeadline() (time.Time, bool) {
 // isCalled reports whether the application has called Close.
 func (ci *closeIntent) isCalled() bool { return isClosing(ci.calledC) }
 
-// waitErr is what a waiter released by a generation's end returns: the
-// error that ended it, ErrClosedIntentionally after Close, or ErrClosed.
+// waitErr is a released waiter's error: the end's, ErrClosedIntentionally after Close, or ErrClosed.
 func (ci *closeIntent) waitErr(e *genEnd) error {
 	if e.err != nil {
 		return e.err

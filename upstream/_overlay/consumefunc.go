@@ -8,8 +8,7 @@ import (
 	"time"
 )
 
-// ConsumeFuncOptions are ConsumeFunc's options, as Consume's arguments; the
-// zero value consumes with manual acknowledgement and a generated tag.
+// ConsumeFuncOptions are Consume's arguments; the zero value: manual acks, a generated tag.
 type ConsumeFuncOptions struct {
 	Consumer  string
 	AutoAck   bool
@@ -30,31 +29,27 @@ const PoisonByte = 0xDB
 // ErrConsumerCancelled is ConsumeFunc's error when the broker cancels the consumer.
 var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 
-// ConsumeFunc consumes queue as Consume does, but calls handler for each
-// delivery, one at a time, in order, on the calling goroutine, and blocks
-// until the consumption ends. Acknowledgement is the application's, as with
-// Consume: without AutoAck, d.Ack, d.Nack or d.Reject, in handler or later.
+// ConsumeFunc consumes queue as Consume does, but calls handler for each delivery, one at a time,
+// in order, on the calling goroutine, and blocks until the consumption ends. Acknowledgement is the
+// application's, as with Consume: without AutoAck, d.Ack, d.Nack or d.Reject, in handler or later.
 //
-// THE BODY IS ONLY VALID INSIDE THE HANDLER, AND SO IS d. In the drainer
-// and legacy read modes d.Body is pooled and reused once handler returns,
-// and d is reused for the next delivery. Copy what must outlive it:
-// bytes.Clone(d.Body), and kept := *d (kept.Ack works later). Set
-// PoisonRecycled in tests to catch a body kept too long. The rule stands
-// in upstream mode too (bodies not recycled), so code is mode-agnostic.
+// THE BODY IS ONLY VALID INSIDE THE HANDLER, AND SO IS d. In the drainer and legacy read modes
+// d.Body is pooled and reused once handler returns, and d is reused for the next delivery. Copy
+// what must outlive it: bytes.Clone(d.Body), and kept := *d (kept.Ack works later). Set
+// PoisonRecycled in tests to catch a body kept too long. The rule stands in upstream mode too
+// (bodies not recycled), so code is mode-agnostic.
 //
 // ConsumeFunc returns:
 //   - ctx.Err() once ctx ends: the consumer is cancelled, and what arrived
 //     before the broker confirmed the cancel is still handled first;
-//   - the handler's error, once the consumer it cancels has ended: the
-//     deliveries in flight were requeued (Nack) unhandled, or dropped
-//     with AutoAck;
+//   - the handler's error, once the consumer it cancels has ended: the deliveries in flight
+//     were requeued (Nack) unhandled, or dropped with AutoAck;
 //   - the channel's or connection's close error (a *Error, or ErrClosed),
 //     or ErrConsumerCancelled when the broker cancels the consumer.
 //
-// While it waits with nothing queued, ConsumeFunc reads the socket itself.
-// Legacy: when nobody else reads (no DrainEvents loop needed; another's
-// write cuts the read short). Drainer: while bytes flow, the drainer lends
-// it the read, taking it back within about 1 ms of a handler running long.
+// While it waits with nothing queued, ConsumeFunc reads the socket itself. Legacy: when nobody else
+// reads (no DrainEvents loop needed; another's write cuts the read short). Drainer: while bytes
+// flow, the drainer lends it the read, taking it back within about 1 ms of a handler running long.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err

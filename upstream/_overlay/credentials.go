@@ -16,18 +16,16 @@ import (
 // sends the last UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and .NET
 // clients do. Then a refused login names endpoint and user, not password.
 
-// CredentialsFunc returns the Authentication of a login, as
-// Config.Credentials: a PlainAuth with the current password or token, for
-// instance. ctx ends at the login's timeout; a func that ignores it is
-// waited for no longer, and its late answer is discarded. It may be called
-// from several goroutines at once.
+// CredentialsFunc returns the Authentication of a login, as Config.Credentials: a PlainAuth with
+// the current password or token, for instance. ctx ends at the login's timeout; a func that ignores
+// it is waited for no longer, and its late answer is discarded. It may be called from several
+// goroutines at once.
 type CredentialsFunc func(ctx context.Context) (Authentication, error)
 
-// ErrCredentialsProvider is wrapped by the error of a dial or recovery
-// attempt whose Config.Credentials returned an error (wrapped too) or no
-// Authentication, or did not return within the connection's timeout (the
-// URI's connection_timeout for a recovery, 30 s by default). Nothing was
-// sent to the broker: the provider is asked before the protocol header.
+// ErrCredentialsProvider is wrapped by the error of a dial or recovery attempt whose
+// Config.Credentials returned an error (wrapped too) or no Authentication, or did not return within
+// the connection's timeout (the URI's connection_timeout for a recovery, 30 s by default). Nothing
+// was sent to the broker: the provider is asked before the protocol header.
 var ErrCredentialsProvider = errors.New("amqp: credentials provider failed")
 
 // credentialsFor asks provider for a login to endpoint, bounded by timeout (one ignoring ctx is left behind).
@@ -54,8 +52,7 @@ func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Dura
 	}
 }
 
-// openCredentials is Open's: config.SASL becomes Config.Credentials'
-// answer. c.url is not set yet, so the bound is the default timeout.
+// openCredentials is Open's: config.SASL is the provider's answer, bounded by the default timeout.
 func (c *Connection) openCredentials(config *Config) error {
 	if config.Credentials == nil {
 		return nil
@@ -69,8 +66,7 @@ func (c *Connection) openCredentials(config *Config) error {
 	return nil
 }
 
-// openRecovered is Reconnect's c.open(c.Config), with the provider's
-// Authentication or the last UpdateSecret's secret when they apply.
+// openRecovered is Reconnect's c.open(c.Config), with the provider's or UpdateSecret's credentials.
 func (c *Connection) openRecovered() error {
 	endpoint := c.endpoint()
 	switch {
@@ -97,8 +93,7 @@ func (c *Connection) keepSecret(newSecret string) {
 	}
 }
 
-// withSecret returns a copy of sasl with secret as the password of its
-// PLAIN and AMQPLAIN Authentications; the others are kept as they are.
+// withSecret returns sasl with secret as the password of its PLAIN and AMQPLAIN Authentications.
 func withSecret(sasl []Authentication, secret string) []Authentication {
 	out := make([]Authentication, len(sasl))
 	for i, a := range sasl {
@@ -131,8 +126,7 @@ func loginError(err error, endpoint string, sasl []Authentication) error {
 	return fmt.Errorf("amqp: login to %s as %s refused: %w", endpoint, user, err)
 }
 
-// endpoint names the peer for errors: upstream's RemoteAddr, or "the
-// broker" for a transport without an address (a zero TCPAddr).
+// endpoint names the peer for errors: RemoteAddr, or "the broker" without one (a zero TCPAddr).
 func (c *Connection) endpoint() string {
 	ra := c.RemoteAddr()
 	if a, ok := ra.(*net.TCPAddr); ok && a.Port == 0 && a.IP == nil {

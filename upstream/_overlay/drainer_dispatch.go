@@ -7,8 +7,7 @@ import (
 	"time"
 )
 
-// chanDispatcher runs a channel's frames and hands its notifications over
-// in order; waiting for the channel's lock or a write delays only it.
+// chanDispatcher runs a channel's frames, notifications in order; its waits delay only it.
 type chanDispatcher struct {
 	serialQueue
 	out outbox
@@ -16,8 +15,7 @@ type chanDispatcher struct {
 	ch  *Channel
 }
 
-// route hands a channel-0 frame on; stop ends reading, after
-// connection.close or with the error to fail the connection with.
+// route hands a channel-0 frame on; stop ends reading (connection.close, or the error to fail with).
 func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
 	mf, ok := f.(*methodFrame)
 	if !ok {
@@ -48,8 +46,7 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
 	return false, nil
 }
 
-// dispatchClosed is upstream's Connection.dispatchClosed, for a frame on
-// a channel that is not open.
+// dispatchClosed is upstream's Connection.dispatchClosed, for a frame on a channel not open.
 func (d *drainConn) dispatchClosed(f frame) {
 	mf, ok := f.(*methodFrame)
 	if !ok {
@@ -66,8 +63,7 @@ func (d *drainConn) dispatchClosed(f frame) {
 	}
 }
 
-// protocolClose closes the connection for a broker's protocol error:
-// waiters get err, not ErrClosedIntentionally.
+// protocolClose closes for a broker's protocol error: waiters get err, not ErrClosedIntentionally.
 func (d *drainConn) protocolClose(err *Error) {
 	d.markProtocol()
 	if cerr := d.c.closeWith(err); cerr != nil {
@@ -103,8 +99,7 @@ func (g *drainGen) handOn(step chanStep) {
 	}
 }
 
-// dispatch queues a job for ch's dispatcher; a delivery with nothing
-// queued before it goes straight to its consumer's (non-blocking) inbox.
+// dispatch queues a job for ch's dispatcher; a delivery with none before goes to its inbox at once.
 func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Lock()
 	disp := d.dispatchers[ch]
@@ -121,8 +116,7 @@ func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Unlock()
 }
 
-// newDispatcher makes ch's dispatcher; called with d.mu held. A closed
-// channel's goes once queue and outbox idle (hooks run under d.mu).
+// newDispatcher makes ch's dispatcher (d.mu held); a closed channel's goes once queue and outbox idle.
 func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 	disp := &chanDispatcher{d: d, ch: ch}
 	disp.budget, disp.outer, disp.work, disp.handleJob = d.budget, &d.mu, &d.jobs, disp.handle
@@ -145,8 +139,7 @@ func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 	return disp
 }
 
-// dispatcherLinger is how long an idle dispatcher stays parked (less if
-// the channel closes or the generation ends): bursts keep one goroutine.
+// dispatcherLinger is how long an idle dispatcher parks (till a close or end): bursts share one.
 const dispatcherLinger = time.Second
 
 // genDead is closed when the current generation ends: dispatchers retire.
@@ -189,8 +182,7 @@ func boolCost(bool) int64                 { return frameCost }
 func stringCost(s string) int64           { return frameCost + int64(len(s)) }
 func blockingCost(b Blocking) int64       { return frameCost + int64(len(b.Reason)) }
 
-// dispatchMessage is Channel.dispatch without waits on users: RPC replies,
-// flow-ok and cancel-ok go at once; what users take, via the outbox.
+// dispatchMessage is Channel.dispatch without waits on users: what they take goes via the outbox.
 func (disp *chanDispatcher) dispatchMessage(msg message) {
 	d, ch, out := disp.d, disp.ch, &disp.out
 	switch m := msg.(type) {
@@ -241,8 +233,7 @@ func (disp *chanDispatcher) cancelled(tag string) {
 	}
 }
 
-// confirm is upstream's confirms.One/Multiple, in order with the outbox;
-// nothing waits for a listener or is dropped.
+// confirm is upstream's confirms.One/Multiple, in order with the outbox; it never waits or drops.
 func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multiple bool) {
 	cf := ch.confirms
 	cf.m.Lock()
@@ -273,8 +264,7 @@ func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multipl
 	notifyAllInOrder(out, listeners, confirmationCost, ordered...)
 }
 
-// sequence returns the confirmations conf releases, in delivery-tag order
-// (others wait in cf.sequencer). Called with ch.confirms.m held.
+// sequence returns what conf releases, in tag order (the rest waits in cf.sequencer); confirms.m held.
 func sequence(ch *Channel, conf Confirmation, multiple bool) []Confirmation {
 	cf := ch.confirms
 	var ordered []Confirmation

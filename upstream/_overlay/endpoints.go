@@ -16,17 +16,14 @@ import (
 	"sync"
 )
 
-// EndpointOrder is the order in which an Endpoints list hands out its
-// endpoints. Every order tries each endpoint once per pass; they differ in
-// where a pass starts.
+// EndpointOrder is the order in which an Endpoints list hands out its endpoints. Every order tries
+// each endpoint once per pass; they differ in where a pass starts.
 type EndpointOrder int
 
 const (
-	// InOrder starts every pass at the first endpoint: the list is a
-	// preference order (primary first, then the fallbacks).
+	// InOrder starts every pass at the first endpoint: a preference order (primary, then fallbacks).
 	InOrder EndpointOrder = iota
-	// RoundRobin starts a pass after the endpoint handed out last, so
-	// recoveries, and connections sharing a list, spread over the cluster.
+	// RoundRobin starts a pass after the endpoint handed out last: recoveries spread over the cluster.
 	RoundRobin
 	// Shuffle draws a new random permutation for every pass.
 	Shuffle
@@ -40,8 +37,7 @@ func (o EndpointOrder) String() string {
 	return [...]string{"in-order", "round-robin", "shuffle"}[o]
 }
 
-// Endpoint is one address of a cluster: an AMQP URI and the TLS
-// configuration to use when its scheme is amqps.
+// Endpoint is one address of a cluster: an AMQP URI, and the TLS configuration for amqps.
 type Endpoint struct {
 	// URL is an AMQP URI, as Dial takes (amqp:// or amqps://).
 	URL string
@@ -55,19 +51,16 @@ type Endpoint struct {
 // ErrNoEndpoints is returned by NewEndpoints for an empty list.
 var ErrNoEndpoints = errors.New("amqp091: an endpoint list needs at least one endpoint")
 
-// Endpoints is an ordered list of a cluster's endpoints that a Connection
-// recovers onto: with Config.Endpoints set and automatic recovery
-// (Config.Recovery) enabled, each attempt of Connection.Reconnect dials the
-// list's next endpoint, with its TLS configuration, instead of the URL
-// first dialled. A recovery starts a new pass (Reset); upstream's backoff
-// and MaxRetryCount apply unchanged. When the connection's SASL came from
-// its URL (no Config.SASL, or exactly the URL's), a recovery logs in with
-// the credentials of the URL it dials; configured SASL is restored as
-// upstream does. Config.Credentials overrides either, and with safe
-// recovery the last UpdateSecret's secret replaces the password
-// (credentials.go). The vhost, heartbeat and channel_max are fixed at the
-// first dial, so all endpoints name one vhost. An Endpoints is safe for
-// concurrent use; connections sharing one list share its position.
+// Endpoints is an ordered list of a cluster's endpoints that a Connection recovers onto: with
+// Config.Endpoints set and automatic recovery (Config.Recovery) enabled, each attempt of
+// Connection.Reconnect dials the list's next endpoint, with its TLS configuration, instead of the
+// URL first dialled. A recovery starts a new pass (Reset); upstream's backoff and MaxRetryCount
+// apply unchanged. When the connection's SASL came from its URL (no Config.SASL, or exactly the
+// URL's), a recovery logs in with the credentials of the URL it dials; configured SASL is restored
+// as upstream does. Config.Credentials overrides either, and with safe recovery the last
+// UpdateSecret's secret replaces the password (credentials.go). The vhost, heartbeat and
+// channel_max are fixed at the first dial, so all endpoints name one vhost. An Endpoints is safe
+// for concurrent use; connections sharing one list share its position.
 type Endpoints struct {
 	order EndpointOrder
 	eps   []endpoint
@@ -86,10 +79,9 @@ type endpoint struct {
 	tls *tls.Config // the handshake's configuration (amqps only): own ServerName, never the caller's pointer
 }
 
-// NewEndpoints validates a list of endpoints and returns it with the given
-// order. Every URL must parse (ParseURI), an amqps TLS configuration must
-// be buildable (an unreadable cacertfile, certfile or keyfile is an error
-// now, not at recovery), and all must name the same vhost. The TLS
+// NewEndpoints validates a list of endpoints and returns it with the given order. Every URL must
+// parse (ParseURI), an amqps TLS configuration must be buildable (an unreadable cacertfile,
+// certfile or keyfile is an error now, not at recovery), and all must name the same vhost. The TLS
 // configurations are copied: later changes to them are not seen.
 func NewEndpoints(order EndpointOrder, endpoints ...Endpoint) (*Endpoints, error) {
 	if order < InOrder || order > Shuffle {
@@ -140,14 +132,12 @@ func (e *Endpoints) All() []Endpoint {
 	return all
 }
 
-// Next returns the next endpoint of the current pass, as given to
-// NewEndpoints (its TLS is the caller's pointer). When a pass is over the
-// next starts as the list's EndpointOrder says: so n calls in a row return
-// each of n endpoints once, and calls cycle for ever.
+// Next returns the next endpoint of the current pass, as given to NewEndpoints (its TLS is the
+// caller's pointer). When a pass is over the next starts as the list's EndpointOrder says: so n
+// calls in a row return each of n endpoints once, and calls cycle for ever.
 func (e *Endpoints) Next() Endpoint { return e.next().Endpoint }
 
-// Reset ends the current pass: the next call to Next starts a new one.
-// Every recovery calls it before its first attempt.
+// Reset ends the current pass, so Next starts a new one; every recovery calls it first.
 func (e *Endpoints) Reset() {
 	e.mu.Lock()
 	e.pos = len(e.eps)

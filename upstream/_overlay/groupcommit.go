@@ -30,16 +30,15 @@ type groupBatch struct {
 	err         error
 }
 
-// writePublishGrouped writes pb through the group commit, returning the error of the
-// write that carried it. The caller holds ch.m, not c.sendM.
-func (c *Connection) writePublishGrouped(pb *publishBuf) error {
+// writePublishGrouped writes n publishes' frames in a group commit, with its write's error; ch.m held.
+func (c *Connection) writePublishGrouped(vecs net.Buffers, wv *net.Buffers, maxVecs, n int) error {
 	g := &c.rp.base().group
 	g.mu.Lock()
 	if !g.writing { // nobody writes: write alone, as upstream
 		g.writing = true
 		g.mu.Unlock()
 		c.sendM.Lock()
-		err := c.writePublish(pb)
+		err := c.writeVecs(vecs, wv, maxVecs)
 		c.sendM.Unlock()
 		g.handOn()
 		return err
@@ -50,11 +49,11 @@ func (c *Connection) writePublishGrouped(pb *publishBuf) error {
 		b = &groupBatch{turn: make(chan struct{}), done: make(chan struct{})}
 		g.next = b
 	}
-	b.vecs = append(b.vecs, pb.vecs...)
-	b.n++
+	b.vecs = append(b.vecs, vecs...)
+	b.n += n
 	g.mu.Unlock()
 	if !first {
-		c.rp.base().io.coalesced.Add(1)
+		c.rp.base().io.coalesced.Add(uint64(n))
 		<-b.done
 		return b.err
 	}

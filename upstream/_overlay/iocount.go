@@ -9,8 +9,7 @@ import (
 	"sync/atomic"
 )
 
-// ioCounters are a connection's byte and frame counts for Stats, across its generations. The
-// reader adds per socket read and per frame; writers, under the write lock, count frames from bytes.
+// ioCounters are a connection's byte and frame counts for Stats, across generations; writers count frames.
 type ioCounters struct {
 	bytesIn, framesIn   atomic.Uint64
 	bytesOut, framesOut atomic.Uint64
@@ -27,8 +26,7 @@ func (c *ioCounters) wrote(p []byte) {
 	c.writingVectors(net.Buffers{p})
 }
 
-// writingVectors counts v's frames before the write that consumes v (a failed write ends the
-// connection: a miscount then does not matter); the writer counts bytesOut.
+// writingVectors counts v's frames before the write consuming v (a failed one ends the connection).
 func (c *ioCounters) writingVectors(v net.Buffers) {
 	c.tallyM.Lock()
 	var n uint64

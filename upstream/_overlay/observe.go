@@ -7,26 +7,23 @@ import (
 	"time"
 )
 
-// Observer is a set of hooks the drainer and legacy read paths call from
-// their fast paths (upstream mode calls none). A nil field costs a nil
-// check, so without an Observer the fast paths keep their allocations (0 per
-// publish, 2 per delivery); hooks get what the read path holds, so calling
-// them allocates nothing. Hooks run on the goroutine doing the work: they
-// must be quick, must not block or call back into the connection, nor keep
-// or modify what they get beyond the call.
+// Observer is a set of hooks the drainer and legacy read paths call from their fast paths (upstream
+// mode calls none). A nil field costs a nil check, so without an Observer the fast paths keep their
+// allocations (0 per publish, 2 per delivery); hooks get what the read path holds, so calling them
+// allocates nothing. Hooks run on the goroutine doing the work: they must be quick, must not block
+// or call back into the connection, nor keep or modify what they get beyond the call.
 type Observer struct {
-	// BeforePublish runs before encoding, with the ctx of PublishWithContext or
-	// PublishWithDeferredConfirmWithContext (the older methods are not observed).
-	// msg is a copy valid during the call: it may set msg.Headers to a new Table
-	// (trace context) but not modify the caller's. Its result (ctx is fine) goes to Published.
+	// BeforePublish runs before encoding, with the ctx of PublishWithContext, PublishBatch (once a
+	// message) or PublishWithDeferredConfirmWithContext (the older methods are not observed). msg is
+	// a copy valid during the call: it may set msg.Headers to a new Table (trace context) but not
+	// modify the caller's. Its result (ctx is fine) goes to Published.
 	BeforePublish func(ctx context.Context, info PublishInfo, msg *Publishing) context.Context
 	Published     func(ctx context.Context, info PublishInfo, err error) // written (err nil) or failed; BeforePublish's ctx
 	// Confirmed runs as confirms arrive, once per tag in order. Only publishes BeforePublish
 	// would see are timed; a multiple confirm reports those, not any sent before an untimed one.
 	Confirmed func(ConfirmInfo)
 	Returned  func(*Return) // for every basic.return, as it arrives
-	// Delivered runs for every basic.deliver (not basic.get-ok) as it is
-	// handed to its consumer, in channel order, before it waits for the application.
+	// Delivered runs per basic.deliver (not basic.get-ok), in order, before it waits for the application.
 	Delivered func(*Delivery)
 	Handled   func(d *Delivery, took time.Duration, err error) // a ConsumeFunc handler returned
 	// Settled runs once an application basic.ack, nack or reject is written (a

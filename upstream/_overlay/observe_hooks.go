@@ -8,8 +8,7 @@ import (
 	"time"
 )
 
-// The Observer's publish, confirm, RPC and connection hooks; the others are in inbox.go,
-// consumefunc.go, iocount.go (Settled), readgen.go (Returned), recoverytags.go, watch.go.
+// The Observer's publish, confirm, RPC and connection hooks; the others are called where they happen.
 
 // confirmClock is when each unconfirmed publish of a channel id (not Channel) was sent, for ConfirmInfo.Latency.
 type confirmClock struct {

@@ -8,17 +8,15 @@ import (
 	"time"
 )
 
-// A blocked send holds the owner's notify lock (read side), so that upstream
-// cannot close the listener chan under it, for one slice at most: a Notify*,
-// Close or shutdown waits at most outboxMaxSlice for it, a close at most
-// closeWait plus a slice (upstream: 5 s a notification; TestUnitOutboxSliceSchedule).
+// A blocked send holds the owner's notify lock (read side), so upstream cannot close the listener
+// under it, for a slice at most: a Notify*, Close or shutdown waits at most outboxMaxSlice for it, a
+// close at most closeWait plus a slice (upstream: 5 s a notification; TestUnitOutboxSliceSchedule).
 const (
 	outboxMinSlice = time.Millisecond
 	outboxMaxSlice = 50 * time.Millisecond
 )
 
-// outItem is one entry of an outbox: notifications for the listeners of one
-// frame, deferred confirmations to settle, or an action.
+// outItem is an outbox's entry: one frame's notifications, confirmations to settle, or an action.
 type outItem interface {
 	// handOver offers what is left and reports whether all is handed over,
 	// waiting at most one slice for a listener, under the notify lock (read).
@@ -133,8 +131,7 @@ func (o *outbox) runItem(q queuedItem) {
 	}
 }
 
-// doneItem uncounts a finished item, and forgets a close's deadline once no
-// item it applies to is left, so it never applies to a later close.
+// doneItem uncounts a finished item, and forgets a close's deadline once no item it covers is left.
 func (o *outbox) doneItem(q queuedItem) int64 {
 	o.bytes -= q.cost
 	o.notes -= q.it.count()
@@ -152,8 +149,7 @@ func (o *outbox) retire() bool {
 	return false
 }
 
-// notifyAllInOrder hands vs to every listener in ls after what was queued:
-// inline when the outbox is idle and every listener has room, else queued.
+// notifyAllInOrder hands vs to ls after what was queued: inline if idle and all have room.
 func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T) {
 	if len(ls) == 0 || len(vs) == 0 {
 		return
@@ -262,8 +258,7 @@ func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) 
 	return true
 }
 
-// action is work that runs in order with the notifications: closing a
-// cancelled consumer's deliveries, or a channel's close.
+// action runs in order with the notifications: a cancelled consumer's end, a channel's close.
 type action func()
 
 func (a action) handOver(*outbox, time.Duration, **time.Timer) bool { a(); return true }

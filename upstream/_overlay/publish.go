@@ -90,38 +90,46 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	return dc, nil
 }
 
-// sendPublish is upstream's send and sendOpen for a basic.publish (its closed checks, then
-// ours); ch.m is held.
+// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held.
 func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error {
+	if err := ch.publishRefused(); err != nil {
+		return err
+	}
+	err := encErr // a shortstr over 255 bytes fails the connection, as upstream
+	if err == nil {
+		pb.encodeBody(ch.id, body, ch.connection.bodyFrameSize(len(body)))
+		err = ch.connection.writePublishVecs(pb.vecs, &pb.wv, len(pb.vecs), 1)
+	}
+	return ch.connection.publishWritten(err)
+}
+
+// publishRefused is upstream's closed checks for a publish, then ours; ch.m is held.
+func (ch *Channel) publishRefused() error {
 	c := ch.connection
 	if ch.IsClosed() || c.IsClosed() {
 		return ErrClosed // a closed channel sends only channel.close-ok
 	}
 	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
-	if isClosing(c.rp.base().calledC) {
+	if c.rp != nil && isClosing(c.rp.base().calledC) {
 		return ErrClosedIntentionally
 	}
-	if err := ch.midRecovery(); err != nil {
-		return err // no publish inside recovery's handshake (recoverytags.go)
-	}
-	err := encErr // a shortstr over 255 bytes fails the connection, as upstream
-	if err == nil {
-		pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
-		err = c.writePublishBuf(pb)
-	}
+	return ch.midRecovery() // no publish inside recovery's handshake (recoverytags.go)
+}
+
+// publishWritten ends a write as upstream's send: an error fails the connection, else heartbeats wait.
+func (c *Connection) publishWritten(err error) error {
 	if err != nil {
 		go c.shutdown(&Error{Code: FrameError, Reason: err.Error()}) // go: shutdown may re-enter via notify chans
 		return err
 	}
-	select { // a frame went out: heartbeats can wait, as after upstream's flush
+	select {
 	case c.sends <- time.Now():
 	default:
 	}
 	return nil
 }
 
-// bodyFrameSize is upstream's body frame size for n bytes: positive unless
-// n is 0 (negotiateFrameSize keeps FrameSize 0 or >= frameMinSize).
+// bodyFrameSize is upstream's body frame size for n bytes, positive unless n is 0 (negotiateFrameSize).
 func (c *Connection) bodyFrameSize(n int) int {
 	if size := c.Config.FrameSize - frameHeaderSize; c.Config.FrameSize > 0 && size > 0 {
 		return size
@@ -129,25 +137,20 @@ func (c *Connection) bodyFrameSize(n int) int {
 	return n
 }
 
-// writePublishBuf writes pb: through the group commit if coalescing, else under c.sendM.
-func (c *Connection) writePublishBuf(pb *publishBuf) error {
-	if c.rp.base().coalesce {
-		return c.writePublishGrouped(pb)
+// writePublishVecs writes n publishes' frames (writeVecs): grouped if coalescing, else under c.sendM.
+func (c *Connection) writePublishVecs(vecs net.Buffers, wv *net.Buffers, maxVecs, n int) error {
+	if c.rp != nil && c.rp.base().coalesce {
+		return c.writePublishGrouped(vecs, wv, maxVecs, n)
 	}
 	c.sendM.Lock()
 	defer c.sendM.Unlock()
-	return c.writePublish(pb)
+	return c.writeVecs(vecs, wv, maxVecs)
 }
 
 // publishOut is a generation's socket writer, set (with c.writer) and read under c.sendM.
 type publishOut struct {
 	buf *bufio.Writer // the c.writer.w in front of out
 	out *socketWriter
-}
-
-// writePublish writes pb's frames; the caller holds c.sendM.
-func (c *Connection) writePublish(pb *publishBuf) error {
-	return c.writeVecs(pb.vecs, &pb.wv, len(pb.vecs))
 }
 
 // writeVecs writes vecs after upstream's buffered frames, maxVecs buffers a vectored write through
@@ -407,4 +410,110 @@ func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string,
 		return nil, err
 	}
 	return ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
+}
+
+// BatchPublishing is one message of a PublishBatch.
+type BatchPublishing struct {
+	Exchange, Key        string // as PublishWithContext takes them
+	Mandatory, Immediate bool
+	Msg                  Publishing
+}
+
+// PublishBatch publishes batch in order, as PublishWithDeferredConfirmWithContext would one by
+// one, but in one write under the channel's lock, which no other publish of the channel enters:
+// with a read path one writev (split past 1,000 buffers), in upstream mode upstream's buffered
+// writer. Every message is encoded first: one that cannot be (a Headers value of an unsupported
+// type, a shortstr over 255 bytes) fails the call, naming its index and wrapping the encoder's
+// error, and nothing is sent (the connection stays open). A done ctx returns ctx.Err(), and
+// with a read path ends a wait while the broker blocks the connection. An empty batch sends
+// nothing; a closed channel or connection returns ErrClosed. An Observer sees each message.
+//
+// In confirm mode it returns one DeferredConfirmation per message, in order. A failed write
+// fails the connection, as a single publish's does, and returns its error, wrapped, with the
+// confirmations, as part of the batch may have gone out: each resolves as the connection ends,
+// acked if the broker acked it first, else nacked, as upstream resolves every outstanding one.
+//
+//	dcs, err := ch.PublishBatch(ctx, []amqp.BatchPublishing{{Key: "jobs", Msg: amqp.Publishing{Body: b}}})
+func (ch *Channel) PublishBatch(ctx context.Context, batch []BatchPublishing) ([]*DeferredConfirmation, error) {
+	if len(batch) == 0 {
+		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if rp := ch.connection.rp; rp != nil {
+		if err := rp.base().blocks.wait(ctx); err != nil {
+			return nil, err
+		}
+	}
+	o := ch.connection.obsOf()
+	if o == nil { // upstream mode, or no Observer
+		return ch.publishBatch(batch, nil)
+	}
+	infos, ctxs := make([]PublishInfo, len(batch)), make([]context.Context, len(batch))
+	batch = append([]BatchPublishing(nil), batch...) // the copies that BeforePublish may change
+	for i := range batch {
+		p := &batch[i]
+		infos[i], ctxs[i] = PublishInfo{Channel: ch.id, Exchange: p.Exchange, RoutingKey: p.Key, Mandatory: p.Mandatory, BodySize: len(p.Msg.Body)}, ctx
+		if o.BeforePublish != nil {
+			ctxs[i] = o.BeforePublish(ctx, infos[i], &p.Msg)
+		}
+	}
+	dcs, err := ch.publishBatch(batch, ch.clockOf())
+	for i := 0; o.Published != nil && i < len(batch); i++ {
+		if dcs != nil {
+			infos[i].DeliveryTag = dcs[i].DeliveryTag
+		}
+		o.Published(ctxs[i], infos[i], err)
+	}
+	return dcs, err
+}
+
+// publishBatch is PublishBatch after the gate and the Observer, noting send times in clock if any.
+func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([]*DeferredConfirmation, error) {
+	pbs := make([]*publishBuf, 0, len(batch))
+	defer func() {
+		for _, pb := range pbs {
+			putPublishBuf(pb)
+		}
+	}()
+	for i := range batch {
+		p, pb := &batch[i], getPublishBuf()
+		pbs = append(pbs, pb)
+		err := p.Msg.Headers.Validate()
+		if err == nil {
+			err = pb.encodeHead(ch.id, p.Exchange, p.Key, p.Mandatory, p.Immediate, &p.Msg)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("amqp: PublishBatch: message %d of %d: %w", i, len(batch), err)
+		}
+	}
+	c := ch.connection
+	ch.m.Lock()
+	defer ch.m.Unlock()
+	if err := ch.publishRefused(); err != nil {
+		return nil, err
+	}
+	vecs := make(net.Buffers, 0, len(batch))
+	for i, pb := range pbs {
+		body := batch[i].Msg.Body
+		pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
+		vecs = append(vecs, pb.vecs...)
+	}
+	var dcs []*DeferredConfirmation
+	if ch.confirming.Load() {
+		dcs = make([]*DeferredConfirmation, len(batch))
+	}
+	for i := range dcs {
+		dcs[i] = ch.confirms.publish()
+		dcs[i].pump = c.confirmPump()
+		if clock != nil {
+			clock.sending(dcs[i].DeliveryTag)
+		}
+	}
+	var wv net.Buffers
+	if err := c.publishWritten(c.writePublishVecs(vecs, &wv, groupMaxVecs, len(batch))); err != nil {
+		return dcs, fmt.Errorf("amqp: PublishBatch: the write of %d messages failed, some may have gone out: %w", len(batch), err)
+	}
+	return dcs, nil
 }

@@ -18,10 +18,9 @@ import (
 // "legacy-autodrain" (Legacy with AutoDrain); see ErrInvalidReadMode.
 const ReadModeEnv = "AMQP091_READ_MODE"
 
-// ErrInvalidReadMode is wrapped by the error Open and Dial return, opening
-// nothing, when AMQP091_READ_MODE applies and holds another value: a typo,
-// or "legacy", under which a program that never calls DrainEvents would
-// wait forever for deliveries and confirms.
+// ErrInvalidReadMode is wrapped by the error Open and Dial return, opening nothing, when
+// AMQP091_READ_MODE applies and holds another value: a typo, or "legacy", under which a program
+// that never calls DrainEvents would wait forever for deliveries and confirms.
 var ErrInvalidReadMode = errors.New("amqp: invalid read mode")
 
 // SetDefaultReadPath sets, ahead of AMQP091_READ_MODE, the read path of
@@ -43,9 +42,8 @@ var programmaticReadPath atomic.Pointer[ReadPath]
 // defaultReadPathForced: a test forced defaultReadPath (readpath.go), even nil.
 var defaultReadPathForced bool
 
-// Upstream returns the ReadPath of upstream's reader goroutine and
-// heartbeater. As Config.ReadPath it acts as nil, but no process default
-// (SetDefaultReadPath, AMQP091_READ_MODE) overrides it.
+// Upstream returns the ReadPath of upstream's reader goroutine and heartbeater. As Config.ReadPath
+// it acts as nil, but no process default (SetDefaultReadPath, AMQP091_READ_MODE) overrides it.
 func Upstream() ReadPath { return upstreamMode{} }
 
 type upstreamMode struct{} // attaches no read path
@@ -95,8 +93,7 @@ type readPathSources struct {
 	env          func() (ReadPath, error) // AMQP091_READ_MODE
 }
 
-// resolve picks cfg, SetDefaultReadPath, the mode a test file forces on upstream's suite,
-// AMQP091_READ_MODE, then upstream (nil): a shell's variable changes no mode chosen in code or by the suite.
+// resolve picks cfg, SetDefaultReadPath, a test file's forced mode, AMQP091_READ_MODE, then upstream.
 func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	switch {
 	case cfg != nil:
@@ -110,8 +107,7 @@ func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	}
 }
 
-// startAndOpen is Open's hook: read path, credentials.go, reader, c.open.
-// A failure of the first two closes conn and marks c closed, as upstream.
+// startAndOpen is Open's hook: read path, credentials, reader, c.open; an early failure closes c, as upstream.
 func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error {
 	rp, err := resolveReadPath(c.Config.ReadPath)
 	if err == nil {

@@ -12,10 +12,8 @@ import (
 )
 
 // The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces upstream's reader
-// and heartbeater goroutines and RPC waits. The hooks of 0001-read-path-seam.patch (PATCHES.md)
-// run upstream's code when c.rp is nil: startAndOpen (readmode.go), startReader, startHeartbeater,
-// connCall, callThrough, rpcCap, makeConsumers, bufferFor, confirmPump, pumpUntilDone,
-// publishCtx, publishDeferredCtx, rpOpened, rpClosing, rpShutdown, dispatched.signal.
+// and heartbeater goroutines and RPC waits. The hooks of 0001-read-path-seam.patch, which PATCHES.md
+// lists, run upstream's code when c.rp is nil.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames;
 // nil keeps upstream's. Sealed: values come from this package's constructors.
@@ -38,16 +36,14 @@ type readPath interface {
 	drainEvents(ctx context.Context) error // Connection.DrainEvents
 	shutdown(err *Error)                   // first in every Connection.shutdown, before it locks; nil: intentional
 	abandon(err *Error)                    // ends the generation as a failed read would, without waiting (bounded.go)
-	// standInSend runs send, a stand-in's channel.close (bounded.go),
-	// without waiting for a read in progress: it may be the abandoned call's.
+	// standInSend runs send, a stand-in's close, waiting for no read (it may be the abandoned call's).
 	standInSend(send func() error) error
 	// nextReply waits until ctx ends for the next message in rpc, or errs, reading frames if nobody else does (legacy).
 	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
 	stats(s *Stats, now time.Time) // fills in s, taken at now
 }
 
-// defaultReadPath serves a nil Config.ReadPath without SetDefaultReadPath
-// (readmode.go); nil but in test files (with defaultReadPathForced).
+// defaultReadPath is set only by test files (readmode.go has its place in the order).
 var defaultReadPath ReadPath
 
 // ReadMode reports "upstream", or the Mode of the read path Open chose (Config.ReadPath,
@@ -76,8 +72,7 @@ func (c *Connection) startHeartbeater(interval time.Duration, done chan struct{}
 	go c.heartbeater(interval, done)
 }
 
-// rpOpened, rpClosing and rpShutdown are the hooks in openComplete,
-// beginClose and shutdown; each does nothing without a read path.
+// rpOpened, rpClosing and rpShutdown hook openComplete, beginClose and shutdown; no-ops upstream.
 func (c *Connection) rpOpened() {
 	if c.rp != nil {
 		c.rp.opened()
@@ -147,8 +142,7 @@ func matchReply(msg message, res []message) error {
 	return ErrCommandInvalid
 }
 
-// activity counts dispatched frames and wakes those waiting for more. It is
-// on upstream's per-frame path: with nobody waiting, an add and a load.
+// activity counts dispatched frames, waking waiters: per frame, an add and a load if none waits.
 type activity struct {
 	frames atomic.Uint64
 	wakeup
@@ -184,8 +178,7 @@ func (w *wakeup) wait() <-chan struct{} {
 	}
 }
 
-// waitFrames waits until more than seen frames are counted. It returns
-// ctx.Err() if ctx ends first, errEnded if end or stop (may be nil) closes.
+// waitFrames waits for more than seen frames: ctx.Err() at ctx's end, errEnded when end or stop close.
 func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan struct{}) error {
 	for {
 		woken := a.wait() // before the check, so no wake is lost
@@ -207,13 +200,12 @@ func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan
 // errEnded is waitFrames' report that its end or stop chan closed.
 var errEnded = errors.New("amqp: the wait ended")
 
-// DrainEvents returns nil once a frame has been dispatched after the call
-// started, ctx.Err() if ctx ends first, else what ended the connection: the
-// *Error every waiter sees (ErrClosedIntentionally after Close), or
-// ErrClosed in upstream mode. In plain legacy mode it is the read (a frame,
-// then every frame buffered), and deliveries, confirms, notifications and
-// heartbeats happen only while somebody calls it or waits in an RPC or
-// DeferredConfirmation.Wait; in other modes a goroutine reads anyway.
+// DrainEvents returns nil once a frame has been dispatched after the call started, ctx.Err() if ctx
+// ends first, else what ended the connection: the *Error every waiter sees (ErrClosedIntentionally
+// after Close), or ErrClosed in upstream mode. In plain legacy mode it is the read (a frame, then
+// every frame buffered), and deliveries, confirms, notifications and heartbeats happen only while
+// somebody calls it or waits in an RPC or DeferredConfirmation.Wait; in other modes a goroutine
+// reads anyway.
 func (c *Connection) DrainEvents(ctx context.Context) error {
 	if c.rp == nil {
 		return c.drainUpstream(ctx)

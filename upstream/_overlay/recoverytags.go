@@ -8,9 +8,8 @@ import (
 	"sync/atomic"
 )
 
-// ErrStaleDelivery is wrapped by the error of an Ack, Nack or Reject of a
-// delivery received before its channel recovered (the broker redelivers it
-// unless settled). Nothing is sent. It wraps ErrClosed, as after Close.
+// ErrStaleDelivery is wrapped by the error of an Ack, Nack or Reject of a delivery received before
+// its channel recovered (the broker redelivers it). Nothing is sent. It wraps ErrClosed.
 var ErrStaleDelivery error = &closedBecause{"amqp: delivery received before its channel recovered"}
 
 // ErrUnknownDeliveryTag is wrapped by the error of an Ack, Nack or Reject,
@@ -18,16 +17,14 @@ var ErrStaleDelivery error = &closedBecause{"amqp: delivery received before its 
 // Nothing is sent; the channel stays open (the broker would close it).
 var ErrUnknownDeliveryTag = errors.New("amqp: unknown delivery tag")
 
-// ErrStaleConfirmation is what DeferredConfirmation.WaitContext and Err
-// return, with unique tags, when the channel recovered before the confirm.
-// The broker may or may not have the message: publish it again if it must
-// arrive (failover.Publisher does). It wraps ErrClosed.
+// ErrStaleConfirmation is what DeferredConfirmation.WaitContext and Err return, with unique tags,
+// when the channel recovered before the confirm. The broker may or may not have the message:
+// publish it again if it must arrive (failover.Publisher does). It wraps ErrClosed.
 var ErrStaleConfirmation error = &closedBecause{"amqp: publish not confirmed before its channel recovered"}
 
-// ErrChannelRecovering is wrapped by the error of a publish made, with
-// unique tags, while recovery reopens its channel; nothing is sent (the
-// broker would close the connection or mismatch later confirms). Publish
-// again once NotifyStateChange reports StateOpen. It wraps ErrClosed.
+// ErrChannelRecovering is wrapped by the error of a publish made, with unique tags, while recovery
+// reopens its channel; nothing is sent (the broker would close the connection or mismatch later
+// confirms). Publish again once NotifyStateChange reports StateOpen. It wraps ErrClosed.
 var ErrChannelRecovering error = &closedBecause{"amqp: channel is being recovered, publish once it is open again"}
 
 // closedBecause wraps ErrClosed without repeating its text.
@@ -147,8 +144,7 @@ func (ch *Channel) settleTag(msg message) error {
 	return err
 }
 
-// Err returns ErrStaleConfirmation if the confirmation ended because its
-// channel recovered first (unique tags); nil if pending, acked or nacked.
+// Err is ErrStaleConfirmation if its channel recovered before the confirm (unique tags), else nil.
 func (d *DeferredConfirmation) Err() error {
 	if isClosing(d.done) {
 		return d.err

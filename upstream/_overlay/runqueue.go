@@ -10,8 +10,7 @@ type runQueue[T any] struct {
 	running bool
 }
 
-// keepItems is the capacity up to which an emptied queue keeps its slice for
-// the next burst (reallocating per burst costs more than parsing frames).
+// keepItems: an emptied queue keeps a slice this big for the next burst (cheaper than reallocating).
 const keepItems = 1024
 
 // put appends v and reports whether the taker must be started or woken.
@@ -31,8 +30,7 @@ func (q *runQueue[T]) put(v T) (start bool) {
 	return start
 }
 
-// front returns the next item, leaving it queued until drop. On an empty
-// queue it counts the taker as gone (retired or parked) for the next put.
+// front returns the next item, queued until drop; on none, the taker counts as gone for the next put.
 func (q *runQueue[T]) front() (T, bool) {
 	if q.head == len(q.items) {
 		q.head = 0

@@ -38,9 +38,8 @@ type BudgetStats struct {
 	PausedTotal time.Duration // how long reading paused in all, the current pause included
 }
 
-// ListenerKind names a listener's kind after the method registering it, or
-// "DeferredConfirmation" (settlements behind a listener), or "Consume" (a
-// consumer ranked with listeners, in BudgetInfo.Holder and warnings).
+// ListenerKind names a listener's kind after the method registering it, "DeferredConfirmation"
+// (settlements behind a listener) or "Consume" (a consumer, in BudgetInfo.Holder and warnings).
 type ListenerKind string
 
 // The kinds of listeners.

@@ -3,6 +3,7 @@
 package amqp091
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"slices"
@@ -49,23 +50,16 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	if opts.Logger == nil && opts.DropStalledListener <= 0 {
 		return nil
 	}
-	w := &watcher{log: opts.Logger, obs: opts.Observer, budget: b, stallAge: opts.StallWarning,
+	w := &watcher{log: opts.Logger, obs: opts.Observer, budget: b, stallAge: cmp.Or(opts.StallWarning, defaultStallWarning),
 		interval: opts.WarnInterval, dropAfter: opts.DropStalledListener, last: map[warnKey]time.Time{}}
 	if w.log == nil {
 		w.log = slog.New(slog.DiscardHandler)
 	}
-	if w.stallAge == 0 {
-		w.stallAge = defaultStallWarning
-	}
-	frac := opts.DepthWarning
-	if frac == 0 {
-		frac = defaultDepthWarning
-	}
-	if frac > 0 {
-		w.depth = int64(frac * float64(b.high))
-	}
 	if w.interval <= 0 {
 		w.interval = defaultWarnInterval
+	}
+	if frac := cmp.Or(opts.DepthWarning, defaultDepthWarning); frac > 0 {
+		w.depth = int64(frac * float64(b.high))
 	}
 	return w
 }
@@ -123,8 +117,7 @@ func (w *watcher) consumerQueued(st *bufferStat) {
 		slog.Int64("queued_bytes", bytes), slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
 }
 
-// waiting runs on an outbox's goroutine after each slice the head item
-// (queued at at) waited: the stall warning and policy.
+// waiting runs after each slice the head item (queued at at) waited: stall warning and policy.
 func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	age := time.Duration(monoNow() - at)
 	kind := it.kind()

@@ -26,17 +26,15 @@ type workQueue[T any] struct {
 	timer  *time.Timer   // the linger, reused across parks (goroutine only)
 }
 
-// workHandler: runItem runs with no lock held; doneItem under mu once the
-// item left the queue, returning its charge; retire under outer (if set) and
-// mu on an empty queue, reporting whether the goroutine may park.
+// workHandler: runItem runs with no lock held; doneItem under mu once the item left the queue,
+// returning its charge; retire under outer (if set) and mu on an empty queue: may the goroutine park?
 type workHandler[T any] interface {
 	runItem(T)
 	doneItem(T) (cost int64)
 	retire() (keep bool)
 }
 
-// putLocked appends v under q.mu, charges and counts it, and wakes a parked
-// goroutine; true: the caller must start one (go q.loop) once unlocked.
+// putLocked queues v (q.mu held), charged, waking a parked goroutine; true: go q.loop once unlocked.
 func (q *workQueue[T]) putLocked(v T, cost int64) (start bool) {
 	q.budget.charge(cost)
 	if q.work != nil {
@@ -77,8 +75,7 @@ func (q *workQueue[T]) loop(h workHandler[T]) {
 	}
 }
 
-// next returns the front item; on none it takes outer (before mu), lets the
-// handler retire, and reports whether the goroutine parks rather than retires.
+// next returns the front item; on none, under outer then mu, the handler retires: park or end?
 func (q *workQueue[T]) next(h workHandler[T]) (v T, ok, park bool) {
 	q.mu.Lock()
 	if len(q.items.queued()) == 0 && q.outer != nil {
@@ -98,8 +95,7 @@ func (q *workQueue[T]) next(h workHandler[T]) (v T, ok, park bool) {
 	return v, false, true
 }
 
-// parkUntilPut reports true once a put (or unpark) woke the goroutine, false
-// (it retires) when the linger passed or the connection ended first.
+// parkUntilPut is true once a put or unpark woke the goroutine, false (it retires) at linger or end.
 func (q *workQueue[T]) parkUntilPut() bool {
 	var ended <-chan struct{}
 	if q.ended != nil {
@@ -150,8 +146,7 @@ func startTimer(t **time.Timer, d time.Duration) <-chan time.Time {
 	return (*t).C
 }
 
-// stopTimer stops t and drains a sent value, so that a Reset starts afresh
-// under either timer implementation (GODEBUG asynctimerchan).
+// stopTimer stops t and drains a sent value: a Reset starts afresh with either asynctimerchan.
 func stopTimer(t *time.Timer) {
 	if !t.Stop() {
 		select {
@@ -161,8 +156,7 @@ func stopTimer(t *time.Timer) {
 	}
 }
 
-// serialQueue runs a channel dispatcher's jobs (parked for dispatcherLinger:
-// a goroutine per burst cost 7–13% CPU), or channel 0's (retires at once).
+// serialQueue runs a channel dispatcher's jobs (parked for dispatcherLinger), or channel 0's.
 type serialQueue struct {
 	workQueue[queuedJob]
 	retired func() (keep bool) // runs under outer when the queue empties: may it park?
