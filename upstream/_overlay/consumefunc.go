@@ -40,16 +40,17 @@ var ErrConsumerCancelled = errors.New("amqp: consumer cancelled by the broker")
 // (bodies not recycled), so code is mode-agnostic.
 //
 // ConsumeFunc returns:
-//   - ctx.Err() once ctx ends: the consumer is cancelled, and what arrived
-//     before the broker confirmed the cancel is still handled first;
+//   - ctx.Err() once ctx ends: the consumer is cancelled, and what arrived before the broker
+//     confirmed the cancel is still handled first;
 //   - the handler's error, once the consumer it cancels has ended: the deliveries in flight
 //     were requeued (Nack) unhandled, or dropped with AutoAck;
-//   - the channel's or connection's close error (a *Error, or ErrClosed),
-//     or ErrConsumerCancelled when the broker cancels the consumer.
+//   - the channel's or connection's close error (a *Error, or ErrClosed), or
+//     ErrConsumerCancelled when the broker cancels the consumer.
 //
 // While it waits with nothing queued, ConsumeFunc reads the socket itself. Legacy: when nobody else
 // reads (no DrainEvents loop needed; another's write cuts the read short). Drainer: while bytes
-// flow, the drainer lends it the read, taking it back within about 1 ms of a handler running long.
+// flow, the drainer lends it the read, taking it back about 10 ms into a handler running long, and
+// at once for a reply or a confirm awaited.
 func (ch *Channel) ConsumeFunc(ctx context.Context, queue string, opts ConsumeFuncOptions, handler func(d *Delivery) error) error {
 	if err := ctx.Err(); err != nil {
 		return err

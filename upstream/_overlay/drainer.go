@@ -15,8 +15,7 @@ import (
 	"time"
 )
 
-// DrainerOptions tune the dedicated-drainer read mode. The zero value is
-// ready to use.
+// DrainerOptions tune the dedicated-drainer read mode. The zero value is ready to use.
 type DrainerOptions struct {
 	// Budget bounds the bytes read that still wait for a user (queued
 	// frames, undelivered notifications). Over it, the drainer stops
@@ -25,17 +24,15 @@ type DrainerOptions struct {
 	// CloseTimeout bounds how long Close waits for the broker's close-ok
 	// (and a blocked writer) before it closes the socket. Zero means 5s.
 	CloseTimeout time.Duration
-	// RPCTimeout bounds the wait for the reply of every synchronous
-	// method (QueueDeclare, Qos, Channel, the handshake, ...). Past it the
-	// method returns an *RPCError matching ErrRPCTimeout and its channel
-	// (the connection, for a connection-level request) is closed, as when
-	// a ...WithContext method's ctx ends. Close is bounded by CloseTimeout
-	// instead. Zero, the default, waits as long as the broker takes.
+	// RPCTimeout bounds the wait for the reply of every synchronous method (QueueDeclare, Qos,
+	// Channel, the handshake, ...). Past it the method returns an *RPCError matching
+	// ErrRPCTimeout and its channel (the connection, for a connection-level request) is closed,
+	// as when a ...WithContext method's ctx ends. Close is bounded by CloseTimeout instead.
+	// Zero, the default, waits as long as the broker takes.
 	RPCTimeout time.Duration
-	// Logger receives the drainer's warnings (watch.go): a listener or
-	// consumer holding notifications too long or too much of the budget,
-	// a pause of reading and its end, a listener dropped by
-	// DropStalledListener. nil, the default, is silent.
+	// Logger receives the drainer's warnings (watch.go): a listener or consumer holding
+	// notifications too long or too much of the budget, a pause of reading and its end, a
+	// listener dropped by DropStalledListener. nil, the default, is silent.
 	Logger *slog.Logger
 	// StallWarning is the age of a listener's or consumer's oldest queued
 	// item past which it is warned about. Zero means 5s; negative, never.
@@ -46,21 +43,18 @@ type DrainerOptions struct {
 	// WarnInterval is the least time between two warnings of one sort
 	// (depth, stall) about one listener kind or consumer. Zero means 30s.
 	WarnInterval time.Duration
-	// DropStalledListener, when positive, is how long a notification may
-	// wait for a channel's listener (NotifyPublish, NotifyReturn,
-	// NotifyFlow, NotifyCancel) before that listener is given up: its chan
-	// closed and unregistered, its queue dropped, an error logged,
-	// Stats().DroppedListeners and Observer.ListenerDropped told; all else
-	// goes on. NotifyBlocked listeners are never dropped. Zero, the
-	// default, never drops: an unread listener holds its channel's
-	// notifications and, once the budget is full, pauses reading.
+	// DropStalledListener, when positive, is how long a notification may wait for a channel's
+	// listener (NotifyPublish, NotifyReturn, NotifyFlow, NotifyCancel) before that listener is
+	// given up: its chan closed and unregistered, its queue dropped, an error logged,
+	// Stats().DroppedListeners and Observer.ListenerDropped told; all else goes on.
+	// NotifyBlocked listeners are never dropped. Zero, the default, never drops: an unread
+	// listener holds its channel's notifications and, once the budget is full, pauses reading.
 	DropStalledListener time.Duration
-	// CoalescePublishes lets publishes that arrive while another of the
-	// connection is being written go out together in the next write
-	// (groupcommit.go); each still returns once its own frames are
-	// written, with that write's error. It trades CPU and latency for
-	// system calls and fairness (docs/publishing.md has figures). Off by
-	// default; worth trying where writes are costly (TLS).
+	// CoalescePublishes lets publishes that arrive while another of the connection is being
+	// written go out together in the next write (groupcommit.go); each still returns once its
+	// own frames are written, with that write's error. It trades CPU and latency for system
+	// calls and fairness (docs/publishing.md has figures). Off by default; worth trying where
+	// writes are costly (TLS).
 	CoalescePublishes bool
 	// Observer, if not nil, is called from the fast paths (observe.go).
 	Observer *Observer
@@ -69,10 +63,9 @@ type DrainerOptions struct {
 // defaultDrainerBudget is DrainerOptions.Budget when it is zero.
 const defaultDrainerBudget = 64 << 20
 
-// Drainer returns the ReadPath of the dedicated-drainer mode; set it as
-// Config.ReadPath. One goroutine per connection reads the socket, never
-// waiting on user code or on a lock held across a write, and hands
-// notifications over in frame order; over Budget, it stops reading.
+// Drainer returns the ReadPath of the dedicated-drainer mode; set it as Config.ReadPath. One
+// goroutine per connection reads the socket, never waiting on user code or on a lock held across a
+// write, and hands notifications over in frame order; over Budget, it stops reading.
 func Drainer(opts DrainerOptions) ReadPath {
 	if opts.Budget <= 0 {
 		opts.Budget = defaultDrainerBudget
@@ -132,6 +125,7 @@ type drainGen struct {
 	nc               net.Conn  // conn, if it is one: reads with deadlines
 	lastRecv, dutyAt time.Time // the last read that brought bytes; the last heartbeat duty (heartbeatClock)
 	capped           bool      // the read deadline is a lessee's cap
+	rdl              time.Time // the read deadline as last set, zero once one passed
 }
 
 // start runs a new generation's drainer once the previous one has exited.
@@ -196,9 +190,8 @@ func (g *drainGen) loop(d *drainConn) *Error {
 	}
 }
 
-// readStep reads once, then routes what is complete: the turn holder's.
-// A positive quiet (a lessee's) caps the read's wait; idle reports that the
-// cap passed with nothing read.
+// readStep reads once, then routes what is complete: the turn holder's. A positive quiet (a
+// lessee's) caps the read's wait; idle reports that the cap passed with nothing read.
 func (g *drainGen) readStep(d *drainConn, quiet time.Duration) (idle, stop bool, err *Error) {
 	hb := g.clock()
 	if g.nc != nil && (hb.interval > 0 || quiet > 0 || g.capped) {
@@ -210,12 +203,13 @@ func (g *drainGen) readStep(d *drainConn, quiet time.Duration) (idle, stop bool,
 			deadline = hb.readDeadline(g.lastRecv, g.dutyAt)
 		}
 		if quiet > 0 {
-			if cap := time.Now().Add(quiet); deadline.IsZero() || cap.Before(deadline) {
-				deadline = cap
-			}
+			deadline = g.quietCap(deadline, quiet)
 		}
 		g.capped = quiet > 0
-		_ = g.nc.SetReadDeadline(deadline)
+		if !deadline.Equal(g.rdl) { // each new deadline resets a runtime timer
+			_ = g.nc.SetReadDeadline(deadline)
+			g.rdl = deadline
+		}
 	}
 	n, rerr := g.split.fill(g.conn)
 	if n > 0 {
@@ -230,6 +224,7 @@ func (g *drainGen) readStep(d *drainConn, quiet time.Duration) (idle, stop bool,
 	switch {
 	case rerr == nil:
 	case (hb.interval > 0 || g.capped) && errors.Is(rerr, errDeadline):
+		g.rdl = time.Time{} // passed (maybe one set by another, as opened): set it anew
 		now := time.Now()
 		if err := hb.timeout(g.lastRecv, now); err != nil {
 			return false, true, err

@@ -31,12 +31,11 @@ type LegacyOptions struct {
 	Observer *Observer
 }
 
-// Legacy returns the ReadPath of legacy (caller-drives-read) mode, as
-// py-amqp reads; set it as Config.ReadPath. No goroutine reads or sends
-// heartbeats (but AutoDrain's): RPC callers, DrainEvents and confirmation
-// waits read and dispatch frames in turn; a publish waits for a blocking
-// read (AutoDrain's and ConsumeFunc's it cuts short). A read error shuts
-// the connection down; a DrainEvents ended by ctx keeps a partial frame.
+// Legacy returns the ReadPath of legacy (caller-drives-read) mode, as py-amqp reads; set it as
+// Config.ReadPath. No goroutine reads or sends heartbeats (but AutoDrain's): RPC callers,
+// DrainEvents and confirmation waits read and dispatch frames in turn; a publish waits for a
+// blocking read (AutoDrain's and ConsumeFunc's it cuts short). A read error shuts the connection
+// down; a DrainEvents ended by ctx keeps a partial frame.
 func Legacy(opts LegacyOptions) ReadPath {
 	if opts.CloseTimeout <= 0 {
 		opts.CloseTimeout = defaultCloseTimeout
@@ -336,8 +335,9 @@ func (l *legacyConn) readNet(ctx context.Context, g *legacyGen, nc net.Conn, int
 	return l.readDone(ctx, g, interval, n, err)
 }
 
-// cancelHookDelay is the longest a blocked read misses a cancellation.
-const cancelHookDelay = time.Millisecond
+// cancelHookDelay is the longest a blocked read misses a cancellation: 10 ms, as the drainer's
+// lease (readlease.go), since a deadline within 1 ms wakes the runtime each ms while streaming.
+const cancelHookDelay = 10 * time.Millisecond
 
 // setReadDeadline keeps a cut short by ctx, Close (but for its own pump) or
 // a writer before the new deadline undid it. Transport lock held.
