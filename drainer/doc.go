@@ -9,7 +9,7 @@
 //     starts when the connection opens, and again after each successful
 //     Reconnect once the previous one has exited. Close stops it. It may
 //     lend the read to a ConsumeFunc that waits with nothing queued (see
-//     Pooled consumption), and takes it back within about 1 ms of that
+//     Pooled consumption), and takes it back about 10 ms into that
 //     handler running long, and at once when anyone waits for a reply or a
 //     confirm; one goroutine reads at a time, and the rest of this
 //     contract holds whoever reads.

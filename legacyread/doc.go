@@ -24,12 +24,14 @@
 //     application only while someone drains: a consumer that ranges over
 //     Consume's chan needs a drain loop (see the example). A ctx's
 //     deadline ends a blocked read on time (it becomes the socket's read
-//     deadline); a cancellation ends it within a millisecond, because a
-//     read hooks its ctx's cancellation only after waiting that long.
+//     deadline); a cancellation ends it within 10 ms, because a read
+//     hooks its ctx's cancellation only after waiting that long.
 //     Hooking costs allocations (context.AfterFunc), and under load most
 //     reads end sooner, so a drain loop that makes a context per call
 //     does not pay for the hook per call; once a read has waited out the
-//     millisecond, reads hook at once until frames come fast again.
+//     10 ms, reads hook at once until frames come fast again. (It was
+//     1 ms; a deadline that close keeps the Go runtime waking every
+//     millisecond while frames stream: docs/receiving.md.)
 //  4. Publishing takes the transport lock too, as py-amqp's does: a publish
 //     waits while another goroutine sits in a blocking DrainEvents. This is
 //     the legacy behaviour the benchmarks measure. With
