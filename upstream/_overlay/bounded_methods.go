@@ -7,10 +7,9 @@ import (
 	"errors"
 )
 
-// The context variants of the synchronous methods (bounded.go; RPCError says what a ctx that
-// ends first does). Each of Channel's but CloseWithContext runs the upstream method of the same
-// name, so behaves as it does, only its wait bounded by ctx; a ctx whose Done is nil
-// (context.Background()) runs it inline.
+// The context variants of the synchronous methods (bounded.go; RPCError says what a ctx that ends
+// first does). Each of Channel's but CloseWithContext runs the upstream method of its name, so acts
+// as it does, its wait bounded by ctx; a ctx with a nil Done (context.Background()) runs it inline.
 
 // QosWithContext is Qos, bounded by ctx (see RPCError).
 func (ch *Channel) QosWithContext(ctx context.Context, prefetchCount, prefetchSize int, global bool) error {
@@ -124,9 +123,8 @@ func (ch *Channel) RecoverWithContext(ctx context.Context, requeue bool) error {
 	return ch.bounded(ctx, "basic.recover", func() error { return ch.Recover(requeue) })
 }
 
-// ConsumeWithRPCContext is Consume, with the basic.consume round trip
-// bounded by ctx (see RPCError). Once it has returned ctx has no effect,
-// unlike upstream's ConsumeWithContext, whose ctx cancels the consumer.
+// ConsumeWithRPCContext is Consume, its basic.consume round trip bounded by ctx (see RPCError);
+// afterwards ctx does nothing, where upstream's ConsumeWithContext's ctx cancels the consumer.
 func (ch *Channel) ConsumeWithRPCContext(ctx context.Context, queue, consumer string, autoAck, exclusive, noLocal, noWait bool, args Table) (<-chan Delivery, error) {
 	return boundedValue(ctx, ch, "basic.consume", func() (<-chan Delivery, error) {
 		return ch.Consume(queue, consumer, autoAck, exclusive, noLocal, noWait, args)
@@ -240,10 +238,7 @@ func (c *Connection) CloseWithContext(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
 	}
-	if ctx.Done() == nil {
-		return c.Close()
-	}
-	if ctx.Err() != nil {
+	if ctx.Err() != nil { // a ctx whose Done is nil never ends: runBounded runs Close inline
 		if c.IsClosed() {
 			return ErrClosed
 		}

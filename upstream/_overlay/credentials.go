@@ -16,10 +16,9 @@ import (
 // sends the last UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and .NET
 // clients do. Then a refused login names endpoint and user, not password.
 
-// CredentialsFunc returns the Authentication of a login, as Config.Credentials: a PlainAuth with
-// the current password or token, for instance. ctx ends at the login's timeout; a func that ignores
-// it is waited for no longer, and its late answer is discarded. It may be called from several
-// goroutines at once.
+// CredentialsFunc returns a login's Authentication, as Config.Credentials: a PlainAuth with the
+// current password or token, say. ctx ends at the login's timeout; a func that ignores it is waited
+// for no longer, its late answer discarded. It may be called from several goroutines at once.
 type CredentialsFunc func(ctx context.Context) (Authentication, error)
 
 // ErrCredentialsProvider is wrapped by the error of a dial or recovery attempt whose
@@ -61,8 +60,7 @@ func (c *Connection) openCredentials(config *Config) error {
 	if err != nil {
 		return err
 	}
-	config.SASL = sasl
-	c.Config.SASL = sasl
+	config.SASL, c.Config.SASL = sasl, sasl
 	return nil
 }
 

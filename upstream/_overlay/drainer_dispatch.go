@@ -24,8 +24,7 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
 		}
 		return false, nil
 	}
-	switch m := mf.Method.(type) {
-	case *connectionClose:
+	if m, ok := mf.Method.(*connectionClose); ok {
 		// As upstream: close-ok, then the teardown; nothing may follow it.
 		err := newError(m.ReplyCode, m.ReplyText)
 		d.conn0Work(func() {
@@ -35,14 +34,13 @@ func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
 			d.c.shutdown(err)
 		})
 		return true, nil
-	default:
-		if d.notifyBlocks(m) {
-			return false, nil
-		} else if err := g.replyOverflow(m); err != nil {
-			return true, err
-		}
-		g.rpc <- m
 	}
+	if d.notifyBlocks(mf.Method) {
+		return false, nil
+	} else if err := g.replyOverflow(mf.Method); err != nil {
+		return true, err
+	}
+	g.rpc <- mf.Method
 	return false, nil
 }
 

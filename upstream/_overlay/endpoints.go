@@ -41,10 +41,9 @@ func (o EndpointOrder) String() string {
 type Endpoint struct {
 	// URL is an AMQP URI, as Dial takes (amqp:// or amqps://).
 	URL string
-	// TLS is the TLS configuration for an amqps URL (ignored for amqp://).
-	// Nil means the one upstream's DialConfig derives from the URI (its
-	// cacertfile, certfile, keyfile and server_name_indication parameters,
-	// or the system roots). An empty ServerName is set to the URI's host.
+	// TLS is the TLS configuration for an amqps URL (ignored for amqp://). Nil means the one
+	// upstream's DialConfig derives from the URI (its cacertfile, certfile, keyfile and
+	// server_name_indication parameters, or the system roots). An empty ServerName is the URI's host.
 	TLS *tls.Config
 }
 

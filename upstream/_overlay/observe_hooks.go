@@ -151,18 +151,6 @@ func (ch *Channel) observeConfirm(tag uint64, multiple, ack bool) {
 	}
 }
 
-// observeOpened reports a generation's completed handshake.
-func observeOpened(obs *Observer, mode string, generation int32) {
-	if obs == nil || obs.Connection == nil {
-		return
-	}
-	kind := ConnectionOpened
-	if generation > 1 {
-		kind = ConnectionRecovered
-	}
-	obs.Connection(ConnectionEvent{Kind: kind, Mode: mode})
-}
-
 // observeEnd reports a generation's end once, however often shutdown runs.
 func observeEnd(obs *Observer, mode string, g *genEnd, err *Error) {
 	if obs == nil || obs.Connection == nil || !g.reported.CompareAndSwap(false, true) {

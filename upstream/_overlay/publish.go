@@ -164,7 +164,16 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 		}
 	}
 	if c.rp == nil || buf == nil || c.rp.base().pub.buf != buf || c.rp.base().pub.out == nil {
-		return c.writeThrough(vecs, buf) // another writer: a test's, or a generation being replaced
+		// Another writer (a test's, or a generation being replaced): through c.writer, as upstream.
+		for _, v := range vecs {
+			if _, err := c.writer.w.Write(v); err != nil {
+				return err
+			}
+		}
+		if buf != nil {
+			return buf.Flush()
+		}
+		return nil
 	}
 	for len(vecs) > 0 {
 		n := len(vecs)
@@ -176,19 +185,6 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 			return err
 		}
 		vecs = vecs[n:]
-	}
-	return nil
-}
-
-// writeThrough writes vecs through c.writer as upstream does, then flushes buf if any; c.sendM held.
-func (c *Connection) writeThrough(vecs net.Buffers, buf *bufio.Writer) error {
-	for _, v := range vecs {
-		if _, err := c.writer.w.Write(v); err != nil {
-			return err
-		}
-	}
-	if buf != nil {
-		return buf.Flush()
 	}
 	return nil
 }

@@ -143,8 +143,16 @@ func (b *readBase) fail(g *readGen, err *Error) {
 	}
 }
 
-// countOpened counts a generation whose handshake completed, for the Observer.
-func (b *readBase) countOpened() { observeOpened(b.obs, b.name, b.gens.Add(1)) }
+// countOpened counts a generation whose handshake completed, and reports it to the Observer.
+func (b *readBase) countOpened() {
+	kind := ConnectionOpened
+	if b.gens.Add(1) > 1 {
+		kind = ConnectionRecovered
+	}
+	if b.obs != nil && b.obs.Connection != nil {
+		b.obs.Connection(ConnectionEvent{Kind: kind, Mode: b.name})
+	}
+}
 
 // socketWriter writes a generation's socket, counting, and explains failures.
 type socketWriter struct {

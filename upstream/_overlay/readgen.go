@@ -205,9 +205,14 @@ func (b *readBase) routeFrames(r frameRouter, cr *contentReader, split *frameSpl
 			}
 		}
 		if id := binary.BigEndian.Uint16(raw[1:3]); id != 0 {
-			if err := b.routeChannel(r, cr, split, id, raw); err != nil {
+			step, err := cr.channelFrame(b.c, split, id, raw)
+			if err != nil {
 				return true, err
 			}
+			if b.obs != nil {
+				b.observeStep(step)
+			}
+			r.handOn(step)
 		} else if f, err := split.parse(raw); err != nil {
 			return true, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
 		} else if stop, err := r.route0(f); stop {
@@ -217,19 +222,6 @@ func (b *readBase) routeFrames(r frameRouter, cr *contentReader, split *frameSpl
 			return true, nil
 		}
 	}
-}
-
-// routeChannel decodes a frame of channel id ≠ 0 and hands it to r.
-func (b *readBase) routeChannel(r frameRouter, cr *contentReader, split *frameSplitter, id uint16, raw []byte) *Error {
-	step, err := cr.channelFrame(b.c, split, id, raw)
-	if err != nil {
-		return err
-	}
-	if b.obs != nil {
-		b.observeStep(step)
-	}
-	r.handOn(step)
-	return nil
 }
 
 // observeStep tells the Observer (not nil) of a confirm or return.

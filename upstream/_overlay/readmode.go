@@ -12,10 +12,9 @@ import (
 	"sync/atomic"
 )
 
-// ReadModeEnv, read once per process, chooses the read mode of connections
-// with no Config.ReadPath when SetDefaultReadPath set none: unset, empty or
-// "upstream" (upstream's reader), "drainer" (Drainer with zero options) or
-// "legacy-autodrain" (Legacy with AutoDrain); see ErrInvalidReadMode.
+// ReadModeEnv, read once per process, chooses the read mode of connections with no Config.ReadPath
+// when SetDefaultReadPath set none: unset, empty or "upstream" (upstream's reader), "drainer"
+// (Drainer, zero options) or "legacy-autodrain" (Legacy with AutoDrain); see ErrInvalidReadMode.
 const ReadModeEnv = "AMQP091_READ_MODE"
 
 // ErrInvalidReadMode is wrapped by the error Open and Dial return, opening nothing, when
@@ -23,9 +22,8 @@ const ReadModeEnv = "AMQP091_READ_MODE"
 // that never calls DrainEvents would wait forever for deliveries and confirms.
 var ErrInvalidReadMode = errors.New("amqp: invalid read mode")
 
-// SetDefaultReadPath sets, ahead of AMQP091_READ_MODE, the read path of
-// connections opened later with a nil Config.ReadPath; nil clears it. Call
-// it early in main: a connection keeps its read path through recoveries.
+// SetDefaultReadPath sets, ahead of AMQP091_READ_MODE, the read path of connections opened later
+// with a nil Config.ReadPath; nil clears it. Call it early: a connection keeps its read path.
 //
 //	amqp.SetDefaultReadPath(amqp.Drainer(amqp.DrainerOptions{}))
 func SetDefaultReadPath(rp ReadPath) {

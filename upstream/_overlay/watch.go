@@ -50,11 +50,8 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	if opts.Logger == nil && opts.DropStalledListener <= 0 {
 		return nil
 	}
-	w := &watcher{log: opts.Logger, obs: opts.Observer, budget: b, stallAge: cmp.Or(opts.StallWarning, defaultStallWarning),
-		interval: opts.WarnInterval, dropAfter: opts.DropStalledListener, last: map[warnKey]time.Time{}}
-	if w.log == nil {
-		w.log = slog.New(slog.DiscardHandler)
-	}
+	w := &watcher{log: cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)), obs: opts.Observer, budget: b, interval: opts.WarnInterval,
+		stallAge: cmp.Or(opts.StallWarning, defaultStallWarning), dropAfter: opts.DropStalledListener, last: map[warnKey]time.Time{}}
 	if w.interval <= 0 {
 		w.interval = defaultWarnInterval
 	}
@@ -128,11 +125,8 @@ func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	if w.dropAfter <= 0 || age < w.dropAfter || o.forget == nil {
 		return
 	}
-	var l any
-	if b, ok := it.(interface{ blocked() any }); ok {
-		l = b.blocked()
-	}
-	if l == nil || !o.dropListener(l) {
+	b, ok := it.(interface{ blocked() any })
+	if !ok || b.blocked() == nil || !o.dropListener(b.blocked()) {
 		return
 	}
 	w.dropped.Add(1)
