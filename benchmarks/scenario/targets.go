@@ -79,6 +79,12 @@ func atMostRatio(text string, r Ratio, limit float64) Target {
 	return ratioTarget(text, r, func(v float64) bool { return v <= limit })
 }
 
+// inCase is t judging the case named c only.
+func inCase(c string, t Target) Target {
+	t.Cases = []string{c}
+	return t
+}
+
 // ratioTarget judges ratio r with ok.
 func ratioTarget(text string, r Ratio, ok func(float64) bool) Target {
 	return Target{Text: text, Check: func(a Agg) (string, bool) {
