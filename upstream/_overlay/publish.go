@@ -70,14 +70,7 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	encErr := pb.encodeHead(ch.id, exchange, key, mandatory, immediate, msg)
 	ch.m.Lock()
 	defer ch.m.Unlock()
-	var dc *DeferredConfirmation
-	if ch.confirming.Load() {
-		dc = ch.confirms.publish()
-		dc.pump = ch.connection.confirmPump()
-		if clock != nil {
-			clock.sending(dc.DeliveryTag)
-		}
-	}
+	dc := ch.nextConfirm(clock)
 	if err := ch.sendPublish(pb, encErr, msg.Body); err != nil {
 		if ch.confirming.Load() {
 			ch.confirms.unpublish()
@@ -88,6 +81,19 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 		return nil, err
 	}
 	return dc, nil
+}
+
+// nextConfirm takes the next publish's confirmation, nil outside confirm mode; ch.m is held.
+func (ch *Channel) nextConfirm(clock *confirmClock) *DeferredConfirmation {
+	if !ch.confirming.Load() {
+		return nil
+	}
+	dc := ch.confirms.publish()
+	dc.pump = ch.connection.confirmPump()
+	if clock != nil {
+		clock.sending(dc.DeliveryTag)
+	}
+	return dc
 }
 
 // sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held.
@@ -499,12 +505,8 @@ func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([
 	var dcs []*DeferredConfirmation
 	if ch.confirming.Load() {
 		dcs = make([]*DeferredConfirmation, len(batch))
-	}
-	for i := range dcs {
-		dcs[i] = ch.confirms.publish()
-		dcs[i].pump = c.confirmPump()
-		if clock != nil {
-			clock.sending(dcs[i].DeliveryTag)
+		for i := range dcs {
+			dcs[i] = ch.nextConfirm(clock)
 		}
 	}
 	var wv net.Buffers
