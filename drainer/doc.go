@@ -105,9 +105,10 @@
 // The drainer decodes the frames of a delivery straight from its read
 // buffer and reads the body frames directly into the body of the
 // delivery, sized once from the content header: the body the application
-// receives is the only copy made. A steady consumer costs two allocations
-// per message, the Delivery and its body, where upstream costs 26 and
-// copies the body twice (BenchmarkDeliver in benchmarks/micro).
+// receives is the only copy made. A steady consumer costs one allocation
+// per message, its body (the *amqp.Delivery is pooled once the Consume
+// chan took its copy), where upstream costs 26 and copies the body twice
+// (BenchmarkDeliver in benchmarks/micro).
 //
 // # Pooled consumption (opt-in)
 //

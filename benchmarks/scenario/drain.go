@@ -34,7 +34,7 @@ func init() {
 			"hands ConsumeFunc a handler (pristine: ranges over Consume, having no ConsumeFunc; legacy: " +
 			"ConsumeFunc reads the socket itself, no drain loop). Over the drain alone, from before basic.consume " +
 			"to the last delivery: msg/s; the process's CPU time (getrusage user + system, every " +
-			"thread) per 100,000 deliveries; read and write system calls per delivery, from syscr + " +
+			"thread) per 100,000 deliveries, and its user part (the kernel's moves with the broker's pacing); read and write system calls per delivery, from syscr + " +
 			"syscw of /proc/self/io (futex and epoll_wait are not counted there); voluntary context " +
 			"switches per delivery (getrusage nvcsw: each is a thread going to sleep, a proxy for " +
 			"goroutine wake-ups). A CPU profile of the drain (runtime/pprof, 100 Hz, its cost " +
@@ -55,6 +55,7 @@ func init() {
 			Columns: []Column{
 				{Label: "msg/s", Metric: "msg_s"},
 				{Label: "CPU-s / 100k", Metric: "cpu_s_per_100k", Digits: 3},
+				{Label: "of which user", Metric: "user_cpu_s_per_100k", Digits: 3},
 				{Label: "syscalls / delivery", Metric: "syscalls_per_msg", Digits: 3},
 				{Label: "vol. ctx switches / delivery", Metric: "nvcsw_per_msg", Digits: 3},
 				{Label: "drain s", Metric: "phase_s", Digits: 2},

@@ -22,6 +22,7 @@ import (
 type procSample struct {
 	at    time.Time
 	cpu   time.Duration // user + system CPU time since the process started
+	user  time.Duration // the user part of cpu: the kernel's part moves with the peer's pacing
 	nvcsw int64         // voluntary context switches: each is a sleep, so it counts wake-ups
 }
 
@@ -37,19 +38,20 @@ func sampleProc() (procSample, error) {
 	return procSample{
 		at:    time.Now(),
 		cpu:   time.Duration(ru.Utime.Nano() + ru.Stime.Nano()),
+		user:  time.Duration(ru.Utime.Nano()),
 		nvcsw: int64(ru.Nvcsw),
 	}, nil
 }
 
 // A procDelta is the resource use between two samples.
 type procDelta struct {
-	wall, cpu time.Duration
-	nvcsw     int64
+	wall, cpu, user time.Duration
+	nvcsw           int64
 }
 
 // since returns what the process used between earlier and s.
 func (s procSample) since(earlier procSample) procDelta {
-	return procDelta{wall: s.at.Sub(earlier.at), cpu: s.cpu - earlier.cpu, nvcsw: s.nvcsw - earlier.nvcsw}
+	return procDelta{wall: s.at.Sub(earlier.at), cpu: s.cpu - earlier.cpu, user: s.user - earlier.user, nvcsw: s.nvcsw - earlier.nvcsw}
 }
 
 // busy is the CPU busy ratio over the interval, in cores: CPU seconds per
@@ -213,6 +215,7 @@ func (m *costMeter) stop(res *Result, n int) (time.Duration, error) {
 	res.Set("nvcsw", float64(use.nvcsw))
 	if n > 0 {
 		res.Set("cpu_s_per_100k", use.cpu.Seconds()*100_000/float64(n))
+		res.Set("user_cpu_s_per_100k", use.user.Seconds()*100_000/float64(n))
 		res.Set("syscalls_per_msg", float64(calls)/float64(n))
 		res.Set("nvcsw_per_msg", float64(use.nvcsw)/float64(n))
 	}

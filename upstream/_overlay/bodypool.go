@@ -59,9 +59,17 @@ const (
 )
 
 var (
-	bodyPools [maxBodyClass - minBodyClass + 1]sync.Pool
-	holders   sync.Pool // spare *[]byte: a pointer goes into the pools' interface without allocating
+	bodyPools  [maxBodyClass - minBodyClass + 1]sync.Pool
+	holders    sync.Pool // spare *[]byte: a pointer goes into the pools' interface without allocating
+	deliveries sync.Pool // spare *Delivery, for newFastDelivery
 )
+
+// recycleDelivery pools d, which a consumer loop copied out and nobody holds: queues hand over
+// copies, and Observer.Delivered keeps nothing past its call.
+func recycleDelivery(d *Delivery) {
+	*d = Delivery{}
+	deliveries.Put(d)
+}
 
 // pooledBody returns an empty pooled buffer for n bytes, nil if n is too big.
 func pooledBody(n uint64) []byte {

@@ -5,6 +5,7 @@ package amqp091
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 )
 
@@ -103,13 +104,7 @@ func observed(c *Connection, handler func(*Delivery) error) func(*Delivery) erro
 func (ch *Channel) forgetClose(c chan *Error) {
 	ch.notifyM.Lock()
 	defer ch.notifyM.Unlock()
-	kept := make([]chan *Error, 0, len(ch.closes))
-	for _, l := range ch.closes {
-		if l != c {
-			kept = append(kept, l)
-		}
-	}
-	ch.closes = kept
+	ch.closes = slices.DeleteFunc(ch.closes, func(l chan *Error) bool { return l == c })
 }
 
 // consumeEnded is the channel's close error, if it closed, else the cancel.

@@ -71,6 +71,7 @@ func (l *consumerLoop) run() {
 				if l.fn != nil {
 					l.fn.deliver(it.d, l.dropping)
 				}
+				recycleDelivery(it.d)
 				continue
 			}
 		} else if next, ok := l.box.front(); ok {
@@ -114,12 +115,13 @@ func (l *consumerLoop) wait(next *Delivery) {
 	case out <- v:
 		it, _ := l.box.take()
 		l.budget.release(it.cost)
+		recycleDelivery(it.d)
 	case turn <- struct{}{}:
 		l.fn.readTurn()
 	}
 }
 
-// turnToTake returns the read turn if no other event is ready (took: l.in read).
+// turnToTake returns the read turn if no other event is ready (took: l.in read, or a read made).
 func (l *consumerLoop) turnToTake() (turn chan struct{}, took bool) {
 	if l.fn == nil || l.fn.turn() == nil {
 		return nil, false
@@ -133,7 +135,13 @@ func (l *consumerLoop) turnToTake() (turn chan struct{}, took bool) {
 	if isClosing(l.closed) || isClosing(l.closing) || isClosing(l.done) || len(l.box.wake) > 0 {
 		return nil, false
 	}
-	return l.fn.turn(), false
+	select {
+	case l.fn.turn() <- struct{}{}: // while streaming the turn is free: wait's select costs more than the read
+		l.fn.readTurn()
+		return nil, true
+	default:
+		return l.fn.turn(), false
+	}
 }
 
 // inbound queues what upstream's send handed over; a closed chan is a cancel.

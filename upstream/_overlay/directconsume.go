@@ -91,10 +91,15 @@ func (dc *directConsumer) turn() chan struct{} {
 	return dc.reader.readTurn()
 }
 
-// readTurn reads with the turn; after an error, others' reads bring the rest.
+// readTurn reads with the turn; after an error, others' reads bring the rest. The loop looks at
+// the inbox next, so a wake token (its own puts') would only cost it a select.
 func (dc *directConsumer) readTurn() {
 	if err := dc.reader.pumpFor(dc.ctx, dc.box); err != nil {
 		dc.reader = nil
+	}
+	select {
+	case <-dc.box.wake:
+	default:
 	}
 }
 

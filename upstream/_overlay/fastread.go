@@ -300,30 +300,22 @@ func (a *contentAsm) complete() (del *Delivery, msg messageWithContent) {
 	return del, msg
 }
 
-// newFastDelivery is newDelivery for a fast basic.deliver.
+// newFastDelivery is newDelivery for a fast basic.deliver, in a Delivery that a consumer loop
+// gave back once it copied it out (recycleDelivery): 0 allocations where it was 1 of 2.
 func newFastDelivery(ch *Channel, m *deliverArgs, props *properties, body []byte) *Delivery {
-	return &Delivery{
-		Acknowledger:    ch,
-		Headers:         props.Headers,
-		ContentType:     props.ContentType,
-		ContentEncoding: props.ContentEncoding,
-		DeliveryMode:    props.DeliveryMode,
-		Priority:        props.Priority,
-		CorrelationId:   props.CorrelationId,
-		ReplyTo:         props.ReplyTo,
-		Expiration:      props.Expiration,
-		MessageId:       props.MessageId,
-		Timestamp:       props.Timestamp,
-		Type:            props.Type,
-		UserId:          props.UserId,
-		AppId:           props.AppId,
-		ConsumerTag:     m.consumerTag,
-		DeliveryTag:     ch.tags.handOut(m.deliveryTag), // unique across recoveries (recoverytags.go)
-		Redelivered:     m.redelivered,
-		Exchange:        m.exchange,
-		RoutingKey:      m.routingKey,
-		Body:            body,
+	d, _ := deliveries.Get().(*Delivery)
+	if d == nil {
+		d = new(Delivery)
 	}
+	*d = Delivery{Acknowledger: ch, Headers: props.Headers, ContentType: props.ContentType,
+		ContentEncoding: props.ContentEncoding, DeliveryMode: props.DeliveryMode, Priority: props.Priority,
+		CorrelationId: props.CorrelationId, ReplyTo: props.ReplyTo, Expiration: props.Expiration,
+		MessageId: props.MessageId, Timestamp: props.Timestamp, Type: props.Type, UserId: props.UserId,
+		AppId: props.AppId, ConsumerTag: m.consumerTag, Redelivered: m.redelivered, Exchange: m.exchange,
+		RoutingKey: m.routingKey, Body: body,
+		DeliveryTag: ch.tags.handOut(m.deliveryTag), // unique across recoveries (recoverytags.go)
+	}
+	return d
 }
 
 // contentReader is a generation's fast path; only the reading goroutine uses it.

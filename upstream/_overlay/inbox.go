@@ -75,6 +75,7 @@ func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 		select {
 		case b.out <- *d:
 			b.mu.Unlock()
+			recycleDelivery(d)
 			return false
 		default:
 		}

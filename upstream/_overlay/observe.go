@@ -9,7 +9,7 @@ import (
 
 // Observer is a set of hooks the drainer and legacy read paths call from their fast paths (upstream
 // mode calls none). A nil field costs a nil check, so without an Observer the fast paths keep their
-// allocations (0 per publish, 2 per delivery); hooks get what the read path holds, so calling them
+// allocations (0 per publish, 1 per delivery); hooks get what the read path holds, so calling them
 // allocates nothing. Hooks run on the goroutine doing the work: they must be quick, must not block
 // or call back into the connection, nor keep or modify what they get beyond the call.
 type Observer struct {
