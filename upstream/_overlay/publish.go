@@ -144,7 +144,7 @@ func (c *Connection) bodyFrameSize(n int) int {
 // writePublishVecs writes n publishes' frames (writeVecs): grouped if coalescing, else under c.sendM.
 func (c *Connection) writePublishVecs(vecs net.Buffers, wv *net.Buffers, maxVecs, n int) error {
 	if c.rp != nil && c.rp.base().coalesce {
-		return c.writePublishGrouped(vecs, wv, maxVecs, n)
+		return c.writeGrouped(vecs, wv, maxVecs, n, nil)
 	}
 	c.sendM.Lock()
 	defer c.sendM.Unlock()
