@@ -50,11 +50,10 @@ type DrainerOptions struct {
 	// NotifyBlocked listeners are never dropped. Zero, the default, never drops: an unread
 	// listener holds its channel's notifications and, once the budget is full, pauses reading.
 	DropStalledListener time.Duration
-	// CoalescePublishes lets publishes that arrive while another of the connection is being
-	// written go out together in the next write (groupcommit.go); each still returns once its
-	// own frames are written, with that write's error. It trades CPU and latency for system
-	// calls and fairness (docs/publishing.md has figures). Off by default; worth trying where
-	// writes are costly (TLS).
+	// CoalescePublishes lets publishes and acks (Ack, Nack, Reject) that arrive during a write of
+	// the connection go out together in the next (groupcommit.go), each returning once written,
+	// with that write's error. It trades CPU and latency for system calls and fairness
+	// (docs/publishing.md has figures). Off by default; worth trying where writes cost (TLS).
 	CoalescePublishes bool
 	// Observer, if not nil, is called from the fast paths (observe.go).
 	Observer *Observer

@@ -94,10 +94,7 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	if s.start > 0 && s.start == s.end {
 		s.start, s.end = 0, 0
 	}
-	size := need
-	if s.ahead > size {
-		size = s.ahead
-	}
+	size := max(need, s.ahead)
 	if len(s.buf) < size || len(s.buf)-s.start < need {
 		buf := s.buf // the partial frame moves to the front
 		if len(buf) < size {
@@ -115,16 +112,11 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	}
 	if s.end == len(s.buf) && len(s.buf) < readAhead {
 		// More is waiting: double the read-ahead (an idle connection never).
-		ahead := 2 * len(s.buf)
-		if ahead > readAhead {
-			ahead = readAhead
-		}
+		ahead := min(2*len(s.buf), readAhead)
 		if limit := s.limit(); ahead > limit {
 			ahead = limit
 		}
-		if ahead > s.ahead {
-			s.ahead = ahead
-		}
+		s.ahead = max(s.ahead, ahead)
 	}
 	return n, err
 }

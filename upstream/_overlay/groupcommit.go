@@ -3,15 +3,19 @@
 package amqp091
 
 import (
+	"bytes"
 	"net"
 	"sync"
 )
 
-// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes arriving during a write
-// join the next batch (a group commit, trading latency for system calls), which its first
-// publisher writes (writev, groupMaxVecs a call) once the write before ends. A publish returns
-// once written, with its write's error, as upstream's; a lone publisher never waits and
-// allocates nothing. Other frames (acks, RPCs) go through c.sendM between batches.
+// With CoalescePublishes (DrainerOptions, LegacyOptions), publishes and acks (basic.ack, nack,
+// reject) arriving during a write join the next batch (a group commit, trading latency for system
+// calls), which its first member writes (writev, groupMaxVecs a call) once the write before ends.
+// Each returns once written, with its write's error; one finding nobody writing writes at once,
+// alone, as upstream, allocating nothing more. RPCs go through c.sendM between batches. Order on a
+// channel holds: publishes and acks join under ch.m (Ack, Nack, Reject hold it) until written, and
+// any other frame is written before its call returns; so what was sent before an ack is out before
+// it joins, and what is sent after it returned follows its batch, written whole under c.sendM.
 
 const groupMaxVecs = 1000 // buffers a writev, under Linux's IOV_MAX (1024)
 
@@ -22,7 +26,7 @@ type writeGroup struct {
 	next    *groupBatch // the frames waiting for the write in progress
 }
 
-// groupBatch is the frames of the publishers that arrived during one write.
+// groupBatch is the frames of the publishes and acks that arrived during one write.
 type groupBatch struct {
 	vecs, wrote net.Buffers   // wrote: vecs as a vectored write consumes it (writeVecs)
 	n           int           // publishes in it
@@ -30,27 +34,36 @@ type groupBatch struct {
 	err         error
 }
 
-// writePublishGrouped writes n publishes' frames in a group commit, with its write's error; ch.m held.
-func (c *Connection) writePublishGrouped(vecs net.Buffers, wv *net.Buffers, maxVecs, n int) error {
+// writeGrouped writes, ch.m held, n publishes' frames (vecs) or else the ack f in a group commit,
+// with its write's error.
+func (c *Connection) writeGrouped(vecs net.Buffers, wv *net.Buffers, maxVecs, n int, f *methodFrame) error {
 	g := &c.rp.base().group
 	g.mu.Lock()
 	if !g.writing { // nobody writes: write alone, as upstream
 		g.writing = true
 		g.mu.Unlock()
+		var err error
 		c.sendM.Lock()
-		err := c.writeVecs(vecs, wv, maxVecs)
+		if f != nil {
+			err = c.writer.WriteFrame(f) // c.send's write
+		} else {
+			err = c.writeVecs(vecs, wv, maxVecs)
+		}
 		c.sendM.Unlock()
 		g.handOn()
 		return err
 	}
-	b := g.next
-	first := b == nil
-	if first {
-		b = &groupBatch{turn: make(chan struct{}), done: make(chan struct{})}
-		g.next = b
+	if f != nil { // upstream's bytes, for the batch
+		var buf bytes.Buffer
+		_ = f.write(&buf) // an ack's encoding cannot fail
+		vecs = net.Buffers{buf.Bytes()}
 	}
-	b.vecs = append(b.vecs, vecs...)
-	b.n += n
+	first := g.next == nil
+	if first {
+		g.next = &groupBatch{turn: make(chan struct{}), done: make(chan struct{})}
+	}
+	b := g.next
+	b.vecs, b.n = append(b.vecs, vecs...), b.n+n // each member's frames together, in arrival order
 	g.mu.Unlock()
 	if !first {
 		c.rp.base().io.coalesced.Add(uint64(n))
@@ -66,14 +79,24 @@ func (c *Connection) writePublishGrouped(vecs net.Buffers, wv *net.Buffers, maxV
 	return b.err
 }
 
-// handOn ends a leader's turn: the next batch's first publisher, if any, writes next.
+// handOn ends a leader's turn: the next batch's first member, if any, writes next.
 func (g *writeGroup) handOn() {
 	g.mu.Lock()
 	b := g.next
-	g.next = nil
-	g.writing = b != nil
+	g.next, g.writing = nil, b != nil
 	g.mu.Unlock()
 	if b != nil {
 		close(b.turn)
 	}
+}
+
+// sendGrouped is sendOpen (recoverytags.go's hook); with coalescing, an ack rides the group commit.
+func (ch *Channel) sendGrouped(msg message) error {
+	switch c := ch.connection; msg.(type) {
+	case *basicAck, *basicNack, *basicReject:
+		if c.rp != nil && c.rp.base().coalesce && !ch.IsClosed() && !c.IsClosed() {
+			return c.publishWritten(c.writeGrouped(nil, nil, 0, 0, &methodFrame{ChannelId: ch.id, Method: msg}))
+		}
+	}
+	return ch.sendOpen(msg) // as upstream; closed: ErrClosed
 }

@@ -24,8 +24,8 @@ type LegacyOptions struct {
 	// AutoDrain loops DrainEvents on a goroutine per connection generation
 	// (autodrain.go) until Close. ReadMode reports "legacy-autodrain".
 	AutoDrain bool
-	// CoalescePublishes sends publishes that arrive during another's write
-	// together, as DrainerOptions.CoalescePublishes does. Off by default.
+	// CoalescePublishes sends publishes and acks that arrive during another's
+	// write together, as DrainerOptions.CoalescePublishes does. Off by default.
 	CoalescePublishes bool
 	// Observer, if not nil, is called from the fast paths (observe.go).
 	Observer *Observer

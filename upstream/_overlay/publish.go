@@ -37,8 +37,6 @@ var publishBufs = sync.Pool{New: func() any {
 	return &publishBuf{b: make([]byte, 0, 512), vecs: make([][]byte, 0, 8)}
 }}
 
-func getPublishBuf() *publishBuf { return publishBufs.Get().(*publishBuf) }
-
 // putPublishBuf pools pb, first dropping its references to the body.
 func putPublishBuf(pb *publishBuf) {
 	for i := range pb.vecs {
@@ -64,7 +62,7 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	if err := msg.Headers.Validate(); err != nil {
 		return nil, err
 	}
-	pb := getPublishBuf()
+	pb := publishBufs.Get().(*publishBuf)
 	defer putPublishBuf(pb)
 	// Encoded before any lock; an error is reported after the closed checks.
 	encErr := pb.encodeHead(ch.id, exchange, key, mandatory, immediate, msg)
@@ -146,7 +144,7 @@ func (c *Connection) bodyFrameSize(n int) int {
 // writePublishVecs writes n publishes' frames (writeVecs): grouped if coalescing, else under c.sendM.
 func (c *Connection) writePublishVecs(vecs net.Buffers, wv *net.Buffers, maxVecs, n int) error {
 	if c.rp != nil && c.rp.base().coalesce {
-		return c.writePublishGrouped(vecs, wv, maxVecs, n)
+		return c.writeGrouped(vecs, wv, maxVecs, n, nil)
 	}
 	c.sendM.Lock()
 	defer c.sendM.Unlock()
@@ -182,10 +180,7 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 		return nil
 	}
 	for len(vecs) > 0 {
-		n := len(vecs)
-		if n > maxVecs {
-			n = maxVecs
-		}
+		n := min(len(vecs), maxVecs)
 		*wv = vecs[:n:n]
 		if _, err := c.rp.base().pub.out.writeVectors(wv); err != nil {
 			return err
@@ -480,7 +475,7 @@ func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([
 		}
 	}()
 	for i := range batch {
-		p, pb := &batch[i], getPublishBuf()
+		p, pb := &batch[i], publishBufs.Get().(*publishBuf)
 		pbs = append(pbs, pb)
 		err := p.Msg.Headers.Validate()
 		if err == nil {

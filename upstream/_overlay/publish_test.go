@@ -71,7 +71,7 @@ func upstreamPublishBytes(channel uint16, exchange, key string, mandatory, immed
 
 // fastPublishBytes is what publish.go writes for the same publish.
 func fastPublishBytes(channel uint16, exchange, key string, mandatory, immediate bool, msg Publishing, frameSize int) ([]byte, error) {
-	pb := getPublishBuf()
+	pb := publishBufs.Get().(*publishBuf)
 	defer putPublishBuf(pb)
 	if err := pb.encodeHead(channel, exchange, key, mandatory, immediate, &msg); err != nil {
 		return nil, err

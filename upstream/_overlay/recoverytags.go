@@ -84,7 +84,7 @@ func (ch *Channel) nextGeneration() {
 	}
 }
 
-// sendRecoverySafe is sendOpen, after midRecovery and settleTag (under ch.m).
+// sendRecoverySafe is sendOpen (sendGrouped), after midRecovery and settleTag (under ch.m).
 func (ch *Channel) sendRecoverySafe(msg message) error {
 	if ch.connection.safeRecovery() {
 		if _, ok := msg.(*basicPublish); ok {
@@ -96,7 +96,7 @@ func (ch *Channel) sendRecoverySafe(msg message) error {
 			return err
 		}
 	}
-	return ch.sendOpen(msg)
+	return ch.sendGrouped(msg)
 }
 
 // midRecovery refuses a publish while recovery reopens ch (unique tags only).
