@@ -59,10 +59,11 @@ const (
 )
 
 var (
-	bodyPools  [maxBodyClass - minBodyClass + 1]sync.Pool
-	holders    sync.Pool // spare *[]byte: a pointer goes into the pools' interface without allocating
-	deliveries sync.Pool // spare *Delivery, for newFastDelivery
+	bodyPools [maxBodyClass - minBodyClass + 1]sync.Pool
+	holders   sync.Pool // spare *[]byte: a pointer goes into the pools' interface without allocating
 )
+
+var deliveries = sync.Pool{New: func() any { return new(Delivery) }} // spare *Delivery, for newFastDelivery
 
 // recycleDelivery pools d, which a consumer loop copied out and nobody holds: queues hand over
 // copies, and Observer.Delivered keeps nothing past its call.

@@ -91,15 +91,14 @@ func (dc *directConsumer) turn() chan struct{} {
 	return dc.reader.readTurn()
 }
 
-// readTurn reads with the turn; after an error, others' reads bring the rest. The loop looks at
-// the inbox next, so a wake token (its own puts') would only cost it a select.
+// readTurn reads with the turn (after an error, others' reads bring the rest); as the loop looks
+// at the inbox next, its own puts' wake token would only cost it a select.
 func (dc *directConsumer) readTurn() {
 	if err := dc.reader.pumpFor(dc.ctx, dc.box); err != nil {
 		dc.reader = nil
 	}
-	select {
-	case <-dc.box.wake:
-	default:
+	if len(dc.box.wake) > 0 { // only this goroutine takes tokens: no wait
+		<-dc.box.wake
 	}
 }
 

@@ -300,13 +300,9 @@ func (a *contentAsm) complete() (del *Delivery, msg messageWithContent) {
 	return del, msg
 }
 
-// newFastDelivery is newDelivery for a fast basic.deliver, in a Delivery that a consumer loop
-// gave back once it copied it out (recycleDelivery): 0 allocations where it was 1 of 2.
+// newFastDelivery is newDelivery for a fast basic.deliver, in a pooled Delivery (recycleDelivery).
 func newFastDelivery(ch *Channel, m *deliverArgs, props *properties, body []byte) *Delivery {
-	d, _ := deliveries.Get().(*Delivery)
-	if d == nil {
-		d = new(Delivery)
-	}
+	d := deliveries.Get().(*Delivery)
 	*d = Delivery{Acknowledger: ch, Headers: props.Headers, ContentType: props.ContentType,
 		ContentEncoding: props.ContentEncoding, DeliveryMode: props.DeliveryMode, Priority: props.Priority,
 		CorrelationId: props.CorrelationId, ReplyTo: props.ReplyTo, Expiration: props.Expiration,

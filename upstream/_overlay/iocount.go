@@ -74,9 +74,8 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 			t.skip = len(amqpHeader)
 		}
 	}
-	for ; t.skip > 0 && len(p) > 0; t.skip-- {
-		p = p[1:]
-	}
+	n := min(t.skip, len(p)) // upstream's int min
+	t.skip, p = t.skip-n, p[n:]
 	for len(p) > 0 {
 		if t.left > 0 {
 			if t.got < t.want {
@@ -94,8 +93,7 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 			continue
 		}
 		n := copy(t.hdr[t.have:], p)
-		t.have += n
-		p = p[n:]
+		t.have, p = t.have+n, p[n:]
 		if t.have == len(t.hdr) {
 			t.have = 0
 			size := binary.BigEndian.Uint32(t.hdr[3:7])

@@ -14,9 +14,8 @@ import (
 // lessee's read found the socket quiet for leaseQuiet, the budget is over or the generation ends;
 // when no lessee read ended for leaseCheck and none is under way (a handler runs long); and at
 // once for a caller waiting for a reply or a confirm (reclaim), since no lessee may be reading.
-// Both are 10 ms, not 1: a timer due within T stays armed while a lease lasts, and the runtime
-// wakes for it every T even when pushed back; drain CPU was 1.48× go-floor's at 2 ms, 1.25× at
-// 10 (docs/receiving.md).
+// Both are 10 ms, not 1: the runtime wakes every T for a timer due within T, even one pushed
+// back; drain CPU was 1.48× go-floor's at 2 ms, 1.25× at 10 (docs/receiving.md).
 const (
 	leaseCheck = 10 * time.Millisecond
 	leaseQuiet = 10 * time.Millisecond
