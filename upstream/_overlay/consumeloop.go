@@ -123,7 +123,7 @@ func (l *consumerLoop) wait(next *Delivery) {
 
 // turnToTake returns the read turn if no other event is ready (took: l.in read, or a read made).
 func (l *consumerLoop) turnToTake() (turn chan struct{}, took bool) {
-	if l.fn == nil || l.fn.turn() == nil {
+	if turn = l.fn.turn(); turn == nil { // no ConsumeFunc (nil l.fn), or it reads no more
 		return nil, false
 	}
 	select {
@@ -136,11 +136,11 @@ func (l *consumerLoop) turnToTake() (turn chan struct{}, took bool) {
 		return nil, false
 	}
 	select {
-	case l.fn.turn() <- struct{}{}: // while streaming the turn is free: wait's select costs more than the read
+	case turn <- struct{}{}: // while streaming the turn is free: wait's select costs more than the read
 		l.fn.readTurn()
 		return nil, true
 	default:
-		return l.fn.turn(), false
+		return turn, false
 	}
 }
 

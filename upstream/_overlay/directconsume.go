@@ -83,9 +83,9 @@ func (dc *directConsumer) serve(l *consumerLoop, closed <-chan *Error) error {
 	return consumeEnded(closed)
 }
 
-// turn is the read turn to take, nil once ending (cancel-ok is read).
+// turn is the read turn to take, nil once ending (cancel-ok is read) or for a nil dc.
 func (dc *directConsumer) turn() chan struct{} {
-	if dc.reader == nil || dc.ended != nil || dc.failed != nil || dc.dropping {
+	if dc == nil || dc.reader == nil || dc.ended != nil || dc.failed != nil || dc.dropping {
 		return nil
 	}
 	return dc.reader.readTurn()
