@@ -32,7 +32,7 @@ cluster:
 bench: vendor
 	scripts/bench -plan $(if $(FULL),full,quick)
 
-## bench-full: the whole A/B suite (every scenario, variant and section, 3 reps; about 30 minutes); writes BENCHMARKS.md and benchmarks/results
+## bench-full: the whole A/B suite (every scenario, variant and section, 3 reps; about 50 minutes); writes BENCHMARKS.md and benchmarks/results
 bench-full: vendor
 	scripts/bench -plan full
 

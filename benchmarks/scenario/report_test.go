@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -45,6 +46,12 @@ func TestTargets(t *testing.T) {
 	}
 	if got, ok := maxEverywhere("", "lost", 0).Check(a); ok {
 		t.Errorf("maxEverywhere met with legacy losing 3: %q", got)
+	}
+	if got, ok := maxIn([]string{"drainer"}, "", "lost", 0).Check(a); !ok || !strings.Contains(got, "legacy 3") {
+		t.Errorf("maxIn judging drainer only = %q, %v; want met, legacy's 3 listed", got, ok)
+	}
+	if _, ok := maxIn([]string{"legacy"}, "", "lost", 0).Check(a); ok {
+		t.Error("maxIn judging legacy met with legacy losing 3")
 	}
 	if got, ok := AtMost("", "upstream", "p99", 5, "ms").Check(a); ok || got != "not measured" {
 		t.Errorf("unmeasured target = %q, %v", got, ok)
