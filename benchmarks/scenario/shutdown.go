@@ -121,8 +121,6 @@ func init() {
 			},
 			Targets: []Target{
 				maxEverywhere("0 deadlocks in every variant", "deadlocked", 0).ForCases(shutdownLoad, shutdownSaturating),
-				// Upstream's Close waits for a publisher blocked in a write
-				// (the deadlock legacy and drainer modes exist to bound).
 				maxIn([]string{readmode.Legacy, readmode.Drainer}, "0 deadlocks in legacy and drainer modes "+
 					"(upstream's Close waits for the blocked writes: the bug they bound)", "deadlocked", 0).ForCases(shutdownStopsReading),
 				loadOnly(AtMost("drainer Close P95 at most 50 ms under load",
