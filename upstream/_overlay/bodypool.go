@@ -6,6 +6,7 @@ import (
 	"maps"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // pooledKey names one consumer of one channel.
@@ -32,24 +33,27 @@ func (s *pooledSet) update(k pooledKey, add bool) {
 	if cur := s.snap.Load(); cur != nil {
 		next = maps.Clone(*cur)
 	}
-	delete(next, k)
-	if add {
+	if delete(next, k); add {
 		next[k] = struct{}{}
-	}
-	if len(next) == 0 {
-		s.snap.Store(nil)
-		return
 	}
 	s.snap.Store(&next)
 }
 
-// has reports whether ch's consumer tag takes pooled bodies.
-func (s *pooledSet) has(ch *Channel, tag string) bool {
-	if cur := s.snap.Load(); cur != nil {
-		_, ok := (*cur)[pooledKey{ch, tag}]
-		return ok
+// pooledMemo is has's last answer, kept while the set is the same snapshot.
+type pooledMemo struct {
+	snap *map[pooledKey]struct{}
+	key  pooledKey
+	ok   bool
+}
+
+// has reports whether ch's consumer tag takes pooled bodies; memo spares the lookup per header.
+func (s *pooledSet) has(ch *Channel, tag string, memo *pooledMemo) bool {
+	k, cur := pooledKey{ch, tag}, s.snap.Load() // nil until the first add
+	if cur != nil && (memo.snap != cur || memo.key != k) {
+		_, ok := (*cur)[k]
+		*memo = pooledMemo{cur, k, ok}
 	}
-	return false
+	return cur != nil && memo.ok
 }
 
 // Body size classes: powers of two, 256 B to 1 MiB; no pooling above.
@@ -58,10 +62,8 @@ const (
 	maxBodyClass = 20
 )
 
-var (
-	bodyPools [maxBodyClass - minBodyClass + 1]sync.Pool
-	holders   sync.Pool // spare *[]byte: a pointer goes into the pools' interface without allocating
-)
+// bodyPools hold each class's spare buffers as their first byte's *byte, which needs no allocation.
+var bodyPools [maxBodyClass - minBodyClass + 1]sync.Pool
 
 var deliveries = sync.Pool{New: func() any { return new(Delivery) }} // spare *Delivery, for newFastDelivery
 
@@ -78,11 +80,8 @@ func pooledBody(n uint64) []byte {
 		if n > 1<<c {
 			continue
 		}
-		if h, _ := bodyPools[c-minBodyClass].Get().(*[]byte); h != nil {
-			b := *h
-			*h = nil
-			holders.Put(h)
-			return b[:0]
+		if p, _ := bodyPools[c-minBodyClass].Get().(*byte); p != nil {
+			return unsafe.Slice(p, 1<<c)[:0]
 		}
 		return make([]byte, 0, 1<<c)
 	}
@@ -103,12 +102,7 @@ func recycleBody(b []byte, poison bool) {
 	}
 	for c := maxBodyClass; c >= minBodyClass; c-- {
 		if cap(b) >= 1<<c {
-			h, _ := holders.Get().(*[]byte)
-			if h == nil {
-				h = new([]byte)
-			}
-			*h = b[:0]
-			bodyPools[c-minBodyClass].Put(h)
+			bodyPools[c-minBodyClass].Put(unsafe.SliceData(b[:1])) // cap(b) ≥ 1<<c: the class's buffer
 			return
 		}
 	}

@@ -164,6 +164,7 @@ type contentAsm struct {
 	body               []byte
 	budget             *budget
 	pinned             int64 // what the partial body is charged to budget
+	pooled             pooledMemo
 	tag, exchange, key strCache
 	props1             [propStrings]strCache
 }
@@ -251,7 +252,7 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	if size < capacity {
 		capacity = size
 	}
-	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag) {
+	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag, &a.pooled) {
 		a.body = pooledBody(size) // a ConsumeFunc consumer's (bodypool.go); nil if too big
 	}
 	if a.body == nil { // as reset left it
@@ -320,11 +321,15 @@ type contentReader struct {
 	rd     rawDeliver
 	rh     rawHeader
 	asms   map[uint16]*contentAsm
+	last   *contentAsm // asm's last: a content's frames come in a row
 	budget *budget
 }
 
 // asm returns channel id's assembly, afresh if ch reuses the number.
 func (cr *contentReader) asm(id uint16, ch *Channel) *contentAsm {
+	if a := cr.last; a != nil && a.ch == ch { // ch holds id
+		return a
+	}
 	a := cr.asms[id]
 	if a == nil {
 		if cr.asms == nil {
@@ -336,6 +341,7 @@ func (cr *contentReader) asm(id uint16, ch *Channel) *contentAsm {
 		a.reset()
 		*a = contentAsm{ch: ch, budget: cr.budget}
 	}
+	cr.last = a
 	return a
 }
 
