@@ -7,8 +7,8 @@ import (
 )
 
 // Targets that bind every build and mode alike ("0 deadlocks anywhere",
-// "arrives intact"), or only the named ones (maxIn). They judge the worst repetition, not the median: one
-// deadlock in one repetition is a deadlock.
+// "arrives intact"), or only the variants named (maxIn). They judge the worst
+// repetition, not the median: one deadlock in one repetition is a deadlock.
 
 // maxEverywhere is a Target that metric is at most limit in every
 // repetition of every variant that measured it.
