@@ -2,33 +2,23 @@
 
 package amqp091
 
-import (
-	"context"
-	"errors"
-	"net"
-	"time"
-)
-
-// autoDrainWait bounds each drain: one wake-up per wait while idle.
-const autoDrainWait = 50 * time.Millisecond
-
-// autoDrain is AutoDrain's loop for g, until Close or g's end.
+// autoDrain is AutoDrain's goroutine for g: a holder of g's read turn, as the drainer's
+// goroutine is (holdTurn), so that a program that never calls DrainEvents still gets its
+// deliveries, confirms and heartbeats. It reads only when no caller does: legacy callers
+// still compete for the turn (awaitReply, DrainEvents wait for AutoDrain's reads instead,
+// as they wait for the drainer's), it lends the turn to a waiting ConsumeFunc, and every
+// write cuts its read short (transportGuard). What differs from the drainer is only what
+// a routed frame does: legacy dispatches it inline.
+//
+// It ends at g's end, or at Close on a net.Conn: there its reads would be cut short for
+// ever (cutFor), and Close's own wait takes the turn and reads its close-ok. Over another
+// conn (io.Pipe) a read cannot be cut short, so it reads on until g ends, alongside Close,
+// or a peer writing to us would block the close.
 func (l *legacyConn) autoDrain(g *legacyGen) {
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), autoDrainWait)
-		err := l.drainOn(ctx, g)
-		cancel()
-		if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-			// Close or g's end. After Close over io.Pipe, read alongside Close's pump, or a peer
-			// writing to us blocks the handshake; over a net.Conn that read would hold the
-			// transport lock that connection.close needs.
-			if _, isNet := g.conn.(net.Conn); !isNet && errors.Is(err, ErrClosedIntentionally) {
-				_, _ = l.await(context.WithValue(context.Background(), closerKey{}, true), g, nil, nil, g.dead)
-			}
-			return
-		}
-		if g.isDead() {
-			return
-		}
+	before := func() (bool, *Error) {
+		return l.isCalled() && g.read.nc != nil, nil
+	}
+	if err := l.holdTurn(&g.readGen, before); err != nil {
+		l.fail(&g.readGen, err)
 	}
 }

@@ -48,6 +48,15 @@ func (acct *deliveryAcct) endDirect(h startedConsumer) {
 }
 
 // directConsumer is a ConsumeFunc: its loop's handler, on its goroutine (#18).
+//
+// Why a ConsumeFunc reads the socket itself: a delivery that the reader queues for another
+// goroutine costs a wake of that goroutine, and often of an idle P, per delivery. A
+// ConsumeFunc with nothing queued instead takes the read turn (turn, readWithTurn): it
+// reads, the frames it routes land in its own inbox, and its handler runs them with no
+// hop. With a holder (the drainer, AutoDrain) the turn is lent and taken back when the
+// socket goes quiet (readturn.go); in plain legacy the ConsumeFunc is one more caller that
+// drives the read. Either way the turn keeps one reader at a time, so frames stay in order
+// across all of the connection's channels.
 type directConsumer struct {
 	*consumerLoop
 	ch             *Channel
@@ -56,23 +65,30 @@ type directConsumer struct {
 	handle         func(*Delivery) error
 	pooled, poison bool // bodies from the pool (bodypool.go); ConsumeFuncOptions.PoisonRecycled
 	ctx            context.Context
-	cur            Delivery       // the one the handler gets, for the whole consumption
-	reader         consumerReader // legacy's turn or the drainer's lease, while this goroutine may read
-	failed, ended  error          // the handler's error (the rest requeued, or dropped if autoAck); ctx's, once it ended
+	cur            Delivery  // the one the handler gets, for the whole consumption
+	rp             *readBase // the read path, while this goroutine may read (nil: never)
+	gen            *readGen  // the generation whose read turn it takes
+	// failed is the handler's error (the rest are requeued, or dropped if autoAck);
+	// ended is ctx's, once it ended.
+	failed, ended error
 }
 
 // consumeDirect runs ConsumeFunc's loop over a consumer it serves itself.
-func (ch *Channel) consumeDirect(h startedConsumer, dc *directConsumer, closed <-chan *Error) error {
+func (ch *Channel) consumeDirect(h startedConsumer, dc *directConsumer,
+	closed <-chan *Error) error {
 	defer ch.consumers.acct.endDirect(h)
-	if rp := ch.connection.rp; rp != nil {
-		dc.reader = rp.base().mode.consumerReader()
+	if rp := ch.connection.rp; rp != nil && rp.base().mode != nil {
+		dc.rp = rp.base()
+		dc.gen = dc.rp.mode.generation()
 	}
 	return dc.serve(ch.consumers.loop(h), closed)
 }
 
 // serve runs l with dc as its handler, and returns what ConsumeFunc returns.
 func (dc *directConsumer) serve(l *consumerLoop, closed <-chan *Error) error {
-	dc.consumerLoop, l.fn, l.done = l, dc, dc.ctx.Done()
+	dc.consumerLoop = l
+	l.fn = dc
+	l.done = dc.ctx.Done()
 	dc.run()
 	switch {
 	case dc.failed != nil:
@@ -83,19 +99,20 @@ func (dc *directConsumer) serve(l *consumerLoop, closed <-chan *Error) error {
 	return consumeEnded(closed)
 }
 
-// turn is the read turn to take, nil once ending (cancel-ok is read) or for a nil dc.
+// turn is the read turn to take (readTurn.offer), nil once ending (cancel-ok is read),
+// for a nil dc, or where this ConsumeFunc reads no more.
 func (dc *directConsumer) turn() chan struct{} {
-	if dc == nil || dc.reader == nil || dc.ended != nil || dc.failed != nil || dc.dropping {
+	if dc == nil || dc.gen == nil || dc.ended != nil || dc.failed != nil || dc.dropping {
 		return nil
 	}
-	return dc.reader.readTurn()
+	return dc.gen.turn.offer()
 }
 
-// readTurn reads with the turn (after an error, others' reads bring the rest); as the loop looks
-// at the inbox next, its own puts' wake token would only cost it a select.
-func (dc *directConsumer) readTurn() {
-	if err := dc.reader.pumpFor(dc.ctx, dc.box); err != nil {
-		dc.reader = nil
+// readWithTurn reads, the turn taken (after an error, others' reads bring the rest). As the
+// loop looks at the inbox next, its own puts' wake token would only cost it a select.
+func (dc *directConsumer) readWithTurn() {
+	if err := dc.rp.consumerRead(dc.ctx, dc.gen, dc.box); err != nil {
+		dc.gen = nil
 	}
 	if len(dc.box.wake) > 0 { // only this goroutine takes tokens: no wait
 		<-dc.box.wake

@@ -15,8 +15,11 @@ type chanDispatcher struct {
 	ch  *Channel
 }
 
-// route hands a channel-0 frame on; stop ends reading (connection.close, or the error to fail with).
-func (d *drainConn) route(g *drainGen, f frame) (stop bool, err *Error) {
+// route0 hands a channel-0 frame on, counted first: a caller it wakes must not take it for
+// progress made after its DrainEvents began. stop ends reading (connection.close, or the
+// error to fail with).
+func (d *drainConn) route0(g *readGen, f frame) (stop bool, err *Error) {
+	g.activity.frames.Add(1)
 	mf, ok := f.(*methodFrame)
 	if !ok {
 		if _, beat := f.(*heartbeatFrame); !beat { // only these two on channel 0 (spec 4.2.3)
@@ -81,8 +84,7 @@ func (d *drainConn) conn0Work(job func()) {
 }
 
 // handOn queues a channel frame's step for its dispatcher, counted first.
-func (g *drainGen) handOn(step chanStep) {
-	d := g.d
+func (d *drainConn) handOn(g *readGen, step chanStep) {
 	g.activity.frames.Add(1)
 	switch {
 	case step.closed != nil:

@@ -21,8 +21,9 @@ type LegacyOptions struct {
 	// RPCTimeout bounds the wait for every synchronous method's reply, as
 	// DrainerOptions.RPCTimeout does. Zero, the default, waits forever.
 	RPCTimeout time.Duration
-	// AutoDrain loops DrainEvents on a goroutine per connection generation
-	// (autodrain.go) until Close. ReadMode reports "legacy-autodrain".
+	// AutoDrain reads on a goroutine per connection generation, which holds the read
+	// turn as the drainer's does (autodrain.go), until Close. Frames are still dispatched
+	// inline, as upstream's reader dispatches them. ReadMode reports "legacy-autodrain".
 	AutoDrain bool
 	// CoalescePublishes sends publishes and acks that arrive during another's
 	// write together, as DrainerOptions.CoalescePublishes does. Off by default.
@@ -31,11 +32,11 @@ type LegacyOptions struct {
 	Observer *Observer
 }
 
-// Legacy returns the ReadPath of legacy (caller-drives-read) mode, as py-amqp reads; set it as
-// Config.ReadPath. No goroutine reads or sends heartbeats (but AutoDrain's): RPC callers,
-// DrainEvents and confirmation waits read and dispatch frames in turn; a publish waits for a
-// blocking read (AutoDrain's and ConsumeFunc's it cuts short). A read error shuts the connection
-// down; a DrainEvents ended by ctx keeps a partial frame.
+// Legacy returns the ReadPath of legacy (caller-drives-read) mode, as py-amqp reads; set it
+// as Config.ReadPath. No goroutine reads or sends heartbeats (but AutoDrain's): RPC callers,
+// DrainEvents and confirmation waits take the read turn and read and dispatch frames in
+// turn; a publish waits for a blocking read (AutoDrain's and ConsumeFunc's it cuts short).
+// A read error shuts the connection down; a DrainEvents ended by ctx keeps a partial frame.
 func Legacy(opts LegacyOptions) ReadPath {
 	if opts.CloseTimeout <= 0 {
 		opts.CloseTimeout = defaultCloseTimeout
@@ -56,10 +57,15 @@ func legacyModeName(opts LegacyOptions) string {
 }
 
 func (m legacyMode) attach(c *Connection) readPath {
-	l := &legacyConn{opts: m.opts, turn: make(chan struct{}, 1)}
+	l := &legacyConn{opts: m.opts}
 	// Deliveries are counted, never paused on: the caller paces the reads.
 	l.init(c, l, legacyModeName(m.opts), m.opts.Observer, newBudget(math.MaxInt64, math.MaxInt64))
-	l.rpcTimeout, l.closeTimeout, l.coalesce = m.opts.RPCTimeout, m.opts.CloseTimeout, m.opts.CoalescePublishes
+	l.rpcTimeout = m.opts.RPCTimeout
+	l.closeTimeout = m.opts.CloseTimeout
+	l.coalesce = m.opts.CoalescePublishes
+	l.inline = true
+	l.holder = m.opts.AutoDrain
+	l.callerRead = l.pump         // callers read whenever no holder does
 	l.confirmWait = l.waitConfirm // made once: a method value allocates
 	return l
 }
@@ -69,38 +75,15 @@ type legacyConn struct {
 	readBase
 	genSlot[legacyGen, *legacyGen]
 	opts      LegacyOptions
-	turn      chan struct{} // the read turn, held by sending into it
-	transport sync.Mutex    // held across every write, and every net.Conn read
-	// transportGuard.lock's counts: writers cutting reads short, stand-ins
-	// (standInSend), ConsumeFunc reads, and plain writers waiting on those.
+	transport sync.Mutex // held across every write, and every net.Conn read (transportGuard)
+	// transportGuard's counts, each incremented before its holder looks at the others:
+	// writers cutting reads short, stand-ins (standInSend), ConsumeFunc reads, and plain
+	// writers waiting for a read to end.
 	writers, urgent, consumerReads, plainWriters atomic.Int32
 }
 
-// legacyGen is one connection generation; the turn holder owns its reading.
-type legacyGen struct {
-	readGen
-	l         *legacyConn
-	split     *frameSplitter
-	content   contentReader
-	started   time.Time     // when the socket was handed over
-	deadline  time.Duration // handshakeTimeout
-	hookFirst bool          // hook ctx at once (readNet); transport lock held
-	stateM    sync.Mutex    // guards the rest; never held across I/O
-	interval  time.Duration // heartbeat send interval, 0 for none
-	opened    bool          // handshake done
-	// last write; last read with bytes, or reading resumed; last read's end
-	lastSent, lastRecv, readEnd time.Time
-}
-
-// opened interrupts a read whose deadline the handshake's end just cleared.
-func (l *legacyConn) opened() {
-	g := l.current()
-	g.stateM.Lock()
-	g.opened = true
-	g.stateM.Unlock()
-	l.countOpened()
-	g.interrupt()
-}
+// legacyGen is one connection generation.
+type legacyGen struct{ readGen }
 
 // handshakeTimeout is the dial's deadline, which legacy reads replace, as
 // upstream's Reconnect dials; a first dial's URI is unknown: the default.
@@ -113,39 +96,47 @@ func (c *Connection) handshakeTimeout() time.Duration {
 	return defaultConnectionTimeout
 }
 
-// start prepares a generation; only AutoDrain's loop runs without a caller.
+// start prepares a generation; only AutoDrain's goroutine reads without a caller.
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
-	g := &legacyGen{
-		readGen:  newReadGen(conn),
-		l:        l,
-		split:    newFrameSplitter(&l.c.maxFrameSize),
-		lastSent: time.Now(),
-		started:  time.Now(),
-		deadline: l.c.handshakeTimeout(),
-	}
-	g.split.counts = &l.io
+	g := &legacyGen{}
+	l.initGen(&g.readGen, conn)
+	g.handshakeBy = time.Now().Add(l.c.handshakeTimeout())
 	l.replace(g)
-	l.install(&g.readGen, &socketWriter{conn: conn, end: &g.genEnd, counts: &l.io,
-		sent: func(int64) {
-			g.stateM.Lock()
-			g.lastSent = time.Now()
-			g.stateM.Unlock()
-		},
-		guard: transportGuard{l, g}})
+	l.install(&g.readGen, l.writer(&g.readGen, transportGuard{l, &g.readGen}))
 	if l.opts.AutoDrain {
 		go l.autoDrain(g)
 	}
 }
 
-// transportGuard makes every write to the socket take the transport lock.
+// transportGuard makes every write to the socket take the transport lock, which every
+// net.Conn read holds too (fill). That is legacy's contract, as py-amqp's: a write waits
+// for a read in progress, so that a program that never reads concurrently sees the socket
+// used by one thing at a time. Two kinds of read are cut short instead, because waiting
+// for them could be forever: AutoDrain's (its reads block until the broker speaks) and a
+// ConsumeFunc's (it reads while its handler may publish). A stand-in's close (urgent) cuts
+// any read short, since the read it would wait for may be the abandoned call's own.
+//
+// The handshake between a writer and such a read, with the four counters of legacyConn:
+//
+//   - A plain writer (no AutoDrain, no stand-in) counts itself in plainWriters, then looks
+//     at consumerReads. No ConsumeFunc read: it waits for the lock as py-amqp would.
+//   - Otherwise the writer counts itself in writers, then interrupts the read (a read
+//     deadline of now) and waits for the lock.
+//   - A read, before it reads and after it took the lock, looks at writers (and at
+//     plainWriters when it is a ConsumeFunc's, counted in consumerReads first): any
+//     waiting writer, and it lets the lock go unread (errCutShort).
+//
+// Each side counts itself before it looks at the other, so at least one of them sees the
+// other: a writer that found no ConsumeFunc read counted itself first, and the read that
+// counted itself after will see it. Without that order a ConsumeFunc could start a read
+// that blocks until the broker speaks, while its own handler waits for the lock to
+// publish: a deadlock. The counters are atomics, not under the lock, because the writer
+// must look at them while a read holds it.
 type transportGuard struct {
 	l *legacyConn
-	g *legacyGen
+	g *readGen
 }
 
-// lock: plain legacy waits for a read, as py-amqp does, unless it is a
-// ConsumeFunc's; AutoDrain and stand-ins cut it short, and the reader lets
-// go (readNet). Each side counts itself before it looks at the other.
 func (w transportGuard) lock() {
 	l := w.l
 	if l.transport.TryLock() {
@@ -168,70 +159,69 @@ func (w transportGuard) lock() {
 
 func (w transportGuard) unlock() { w.l.transport.Unlock() }
 
-// heartbeater starts no goroutine: reads send heartbeats (readDone).
-func (l *legacyConn) heartbeater(interval time.Duration, _ chan struct{}) bool {
-	g := l.current()
-	g.stateM.Lock()
-	g.interval = interval
-	g.stateM.Unlock()
-	return true
-}
-
 // errInterrupted: a read ended early and only asks for another try.
 var errInterrupted = errors.New("amqp: read interrupted")
 
-// readFailure ends the generation: pump fails the connection with err.
-type readFailure struct{ err *Error }
-
-func (f readFailure) Error() string { return f.err.Error() }
-
-// frameFailure is the readFailure of a frame that could not be read.
-func frameFailure(err error) readFailure {
-	return readFailure{&Error{Code: FrameError, Reason: err.Error()}}
-}
-
-// pump is pumpFrames, and legacy's one error exit: a readFailure fails c.
-func (l *legacyConn) pump(ctx context.Context, g *legacyGen) error {
-	err := l.pumpFrames(ctx, g)
-	if f, ok := err.(readFailure); ok {
-		l.fail(&g.readGen, f.err)
-		return l.waitErr(&g.genEnd)
+// pump is a caller's read, the turn held (readBase.callerRead): read steps until one
+// routes a frame. It is legacy's one error exit: a failed read fails the connection and
+// returns the end's error. consumer marks a ConsumeFunc's read for the transport guard.
+func (l *legacyConn) pump(ctx context.Context, g *readGen, consumer bool) error {
+	if consumer {
+		l.consumerReads.Add(1) // before the read takes the transport lock
+		defer l.consumerReads.Add(-1)
 	}
-	return err
-}
-
-// pumpFrames reads until a frame is complete, then dispatches all complete
-// ones (turn held); a stand-in's interruption returns, for abandonAfter.
-func (l *legacyConn) pumpFrames(ctx context.Context, g *legacyGen) error {
+	lim := stepLimits{ctx: ctx}
+	lim.until, _ = ctx.Deadline()
 	for {
-		raw, err := g.split.next()
-		if err != nil {
-			return frameFailure(err)
-		}
-		if raw != nil {
-			if _, err := l.routeFrames(g, &g.content, g.split, raw); err != nil {
-				return readFailure{err}
-			}
-			return nil
-		}
 		if g.isDead() {
 			return l.waitErr(&g.genEnd)
 		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		if err := l.readOnce(ctx, g); err != nil && (!errors.Is(err, errInterrupted) || l.urgent.Load() > 0) {
+		if !g.opened.Load() && lim.until.IsZero() {
+			lim.until = g.handshakeBy // a read may have replaced the dial's deadline
+		}
+		res := l.readStep(g, lim)
+		if res.err != nil {
+			l.fail(g, res.err)
+			return l.waitErr(&g.genEnd)
+		}
+		if res.routed > 0 {
+			return nil
+		}
+		if res.stop {
+			return l.waitErr(&g.genEnd)
+		}
+		if err := l.cutShort(ctx, res.idle); err != nil {
 			return err
 		}
 	}
 }
 
+// cutShort is why an idle read ends pump, nil to read on: ctx's end, Close (unless this is
+// Close's own wait), or a stand-in that needs the turn's caller to look up (abandonAfter).
+func (l *legacyConn) cutShort(ctx context.Context, idle bool) error {
+	switch {
+	case !idle:
+		return nil
+	case ctx.Err() != nil:
+		return ctx.Err()
+	case l.isCalled() && !isCloser(ctx):
+		return ErrClosedIntentionally
+	case l.urgent.Load() > 0:
+		return errInterrupted
+	}
+	return nil
+}
+
 // handOn is upstream's dispatchN; the fast path (fastread.go) assembles
 // content, so the channel's state machine stays in recvMethod.
-func (g *legacyGen) handOn(step chanStep) {
+func (l *legacyConn) handOn(g *readGen, step chanStep) {
+	g.activity.frames.Add(1)
 	switch {
 	case step.closed != nil:
-		g.l.c.dispatchClosed(step.closed)
+		l.c.dispatchClosed(step.closed)
 	case step.method != nil:
 		step.ch.recv(step.ch, step.method)
 	case step.del != nil:
@@ -242,9 +232,10 @@ func (g *legacyGen) handOn(step chanStep) {
 }
 
 // route0 is dispatch0 but for (un)blocked and replyOverflow's failure.
-func (g *legacyGen) route0(f frame) (stop bool, err *Error) {
+func (l *legacyConn) route0(g *readGen, f frame) (stop bool, err *Error) {
+	g.activity.frames.Add(1)
 	if mf, ok := f.(*methodFrame); ok {
-		if g.l.notifyBlocks(mf.Method) {
+		if l.notifyBlocks(mf.Method) {
 			return false, nil
 		}
 		if _, closing := mf.Method.(*connectionClose); !closing {
@@ -253,12 +244,9 @@ func (g *legacyGen) route0(f frame) (stop bool, err *Error) {
 			}
 		}
 	}
-	g.l.c.demux(f)
+	l.c.demux(f)
 	return false, nil
 }
-
-// endedInline: connection.close, or a teardown, runs on the turn holder.
-func (g *legacyGen) endedInline() bool { return g.isDead() }
 
 // notifyBlocked holds notifyM (read): a listener closed under the send panics.
 func (l *legacyConn) notifyBlocked(ls []chan Blocking, b Blocking) {
@@ -270,301 +258,98 @@ func (l *legacyConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	}
 }
 
-// readOnce reads by ctx's deadline and the next beat; after a time unread,
-// the broker's heartbeats wait in the buffer: silence counts anew.
-func (l *legacyConn) readOnce(ctx context.Context, g *legacyGen) error {
-	g.stateM.Lock()
-	interval, lastSent, opened := g.interval, g.lastSent, g.opened
-	if time.Since(g.readEnd) > interval {
-		g.lastRecv = time.Now()
+// fill reads a net.Conn under the transport lock until deadline or ctx's end. The first
+// try does not hook ctx to the read (context.AfterFunc allocates): it reads for
+// cancelHookDelay, and hooks ctx only if that found nothing, as when frames come slower.
+func (l *legacyConn) fill(g *readGen, deadline time.Time, ctx context.Context) (int, error) {
+	rs := &g.read
+	if rs.nc == nil { // can't be cut short: no lock, the peer may wait for a write
+		return rs.split.fill(g.conn)
 	}
-	g.stateM.Unlock()
-	nc, isNet := g.conn.(net.Conn)
-	if !isNet { // can't be cut short: no lock, the peer may wait for a write
-		n, err := g.split.fill(g.conn)
-		return l.readDone(ctx, g, interval, n, err)
+	if ctx == nil {
+		ctx = context.Background() // AutoDrain's and a lessee's reads: nothing to hook
 	}
-	deadline, hasDeadline := ctx.Deadline()
-	if interval > 0 {
-		if beat := lastSent.Add(interval); !hasDeadline || beat.Before(deadline) {
-			deadline, hasDeadline = beat, true
-		}
-	}
-	if !hasDeadline && !opened {
-		deadline = g.started.Add(g.deadline) // a read may have replaced it
-	}
-	return l.readNet(ctx, g, nc, interval, deadline)
-}
-
-// readNet reads nc under the transport lock until deadline or ctx ends,
-// first without hooking ctx, which allocates, for cancelHookDelay.
-func (l *legacyConn) readNet(ctx context.Context, g *legacyGen, nc net.Conn, interval time.Duration, deadline time.Time) error {
 	l.transport.Lock()
 	if l.writers.Load() > 0 || (l.consumerReads.Load() > 0 && l.plainWriters.Load() > 0) {
 		l.transport.Unlock() // a writer waits: let it go first
 		runtime.Gosched()
-		return errInterrupted
+		return 0, errCutShort
 	}
-	hooked := ctx.Done() == nil // nothing to hook: no cancellation
-	if !hooked && !g.hookFirst && (deadline.IsZero() || time.Until(deadline) > cancelHookDelay) {
-		l.setReadDeadline(ctx, nc, time.Now().Add(cancelHookDelay))
-		n, err := g.split.fill(g.conn)
-		if n > 0 || !errors.Is(err, errDeadline) || ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
+	far := deadline.IsZero() || time.Until(deadline) > cancelHookDelay
+	if ctx.Done() != nil && !rs.hookFirst && far {
+		l.setReadDeadline(ctx, rs.nc, time.Now().Add(cancelHookDelay))
+		n, err := rs.split.fill(g.conn)
+		if n > 0 || !errors.Is(err, errDeadline) || l.cutFor(ctx) {
 			l.transport.Unlock()
-			return l.readDone(ctx, g, interval, n, err)
+			return n, err
 		}
-		g.hookFirst = true // frames come slower than the delay
+		rs.hookFirst = true // frames come slower than the delay
 	}
-	var stop func() bool
-	if !hooked {
-		stop = context.AfterFunc(ctx, func() { _ = nc.SetReadDeadline(time.Now()) })
-	}
-	l.setReadDeadline(ctx, nc, deadline)
-	var begin time.Time
-	if g.hookFirst {
-		begin = time.Now()
-	}
-	n, err := g.split.fill(g.conn)
-	if g.hookFirst && n > 0 && time.Since(begin) < cancelHookDelay {
-		g.hookFirst = false // frames come fast again
-	}
+	n, err := l.hookedFill(ctx, g, deadline)
 	l.transport.Unlock()
-	if stop != nil {
-		stop()
+	return n, err
+}
+
+// hookedFill reads until deadline with ctx's end hooked to the read, transport lock held.
+func (l *legacyConn) hookedFill(ctx context.Context, g *readGen, deadline time.Time) (int, error) {
+	rs := &g.read
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, func() { _ = rs.nc.SetReadDeadline(time.Now()) })
+		defer stop()
 	}
-	return l.readDone(ctx, g, interval, n, err)
+	l.setReadDeadline(ctx, rs.nc, deadline)
+	if !rs.hookFirst {
+		return rs.split.fill(g.conn)
+	}
+	begin := time.Now()
+	n, err := rs.split.fill(g.conn)
+	if n > 0 && time.Since(begin) < cancelHookDelay {
+		rs.hookFirst = false // frames come fast again
+	}
+	return n, err
 }
 
 // cancelHookDelay is the longest a blocked read misses a cancellation: 10 ms, as the drainer's
-// lease (readlease.go), since a deadline within 1 ms wakes the runtime each ms while streaming.
+// lease (readturn.go), since a deadline within 1 ms wakes the runtime each ms while streaming.
 const cancelHookDelay = 10 * time.Millisecond
 
-// setReadDeadline keeps a cut short by ctx, Close (but for its own pump) or
-// a writer before the new deadline undid it. Transport lock held.
-func (l *legacyConn) setReadDeadline(ctx context.Context, nc net.Conn, deadline time.Time) {
-	_ = nc.SetReadDeadline(deadline)
-	if ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0 {
-		_ = nc.SetReadDeadline(time.Now())
-	}
+// cutFor reports whether a read must not go on: ctx ended, Close began (unless this is
+// Close's own read), or a writer waits. Transport lock held.
+func (l *legacyConn) cutFor(ctx context.Context) bool {
+	return ctx.Err() != nil || (l.isCalled() && !isCloser(ctx)) || l.writers.Load() > 0
 }
 
-// readDone makes a read's error readOnce's, and checks heartbeats.
-func (l *legacyConn) readDone(ctx context.Context, g *legacyGen, interval time.Duration, n int, err error) error {
-	g.stateM.Lock()
-	g.readEnd = time.Now()
-	if n > 0 {
-		g.lastRecv = g.readEnd
+// setReadDeadline keeps a cut (cutFor) that came before the new deadline from being undone
+// by it. Transport lock held.
+func (l *legacyConn) setReadDeadline(ctx context.Context, nc net.Conn, deadline time.Time) {
+	_ = nc.SetReadDeadline(deadline)
+	if l.cutFor(ctx) {
+		_ = nc.SetReadDeadline(time.Now())
 	}
-	g.stateM.Unlock()
-	switch {
-	case err == nil:
-		return nil
-	case g.isDead():
-		return l.waitErr(&g.genEnd)
-	case !errors.Is(err, errDeadline):
-		return frameFailure(err)
-	case ctx.Err() != nil:
-		return ctx.Err()
-	case l.isCalled() && !isCloser(ctx):
-		return ErrClosedIntentionally
-	case interval > 0:
-		hb := heartbeatClock{interval}
-		g.stateM.Lock()
-		lastRecv, lastSent := g.lastRecv, g.lastSent
-		g.stateM.Unlock()
-		now := time.Now()
-		if err := hb.timeout(lastRecv, now); err != nil {
-			return readFailure{err}
-		}
-		if hb.sendDue(lastSent, now) {
-			_ = l.c.send(&heartbeatFrame{})
-		}
-	}
-	return errInterrupted
 }
 
 // closerKey marks Close's own pumping, which Close does not interrupt.
 type closerKey struct{}
 
 func isCloser(ctx context.Context) bool { return ctx.Value(closerKey{}) != nil }
-func (l *legacyConn) releaseTurn()      { <-l.turn }
-
-// drainEvents is DrainEvents in legacy mode.
-func (l *legacyConn) drainEvents(ctx context.Context) error {
-	if g := l.current(); g != nil {
-		return l.drainOn(ctx, g)
-	}
-	return ErrClosed
-}
-
-// drainOn drains g only; after Close, ErrClosedIntentionally, not g's end.
-func (l *legacyConn) drainOn(ctx context.Context, g *legacyGen) error {
-	for {
-		select {
-		case <-l.calledC:
-			return ErrClosedIntentionally
-		case <-ctx.Done():
-			return ctx.Err()
-		case l.turn <- struct{}{}:
-		}
-		if l.isCalled() {
-			l.releaseTurn()
-			return ErrClosedIntentionally
-		}
-		err := l.pump(ctx, g)
-		l.releaseTurn()
-		switch {
-		case errors.Is(err, errInterrupted):
-			continue
-		case err != nil && ctx.Err() == nil && l.isCalled():
-			return ErrClosedIntentionally
-		}
-		return err
-	}
-}
-
-// await pumps until rpc, done (nil, nil), errs, ctx or g ends; a reply
-// dispatched with an end wins, as in upstream.
-func (l *legacyConn) await(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (m message, err error) {
-	defer func() {
-		if err != nil {
-			select {
-			case reply := <-rpc:
-				m, err = reply, nil
-			default:
-			}
-		}
-	}()
-	for {
-		select {
-		case m := <-rpc:
-			return m, nil
-		case e, ok := <-errs:
-			return nil, l.chanErr(&g.readGen, e, ok)
-		case <-done:
-			return nil, nil
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case l.turn <- struct{}{}:
-		}
-		if m, over, err := l.settled(g, rpc, errs, done); over {
-			l.releaseTurn()
-			return m, err
-		}
-		err := l.pump(ctx, g)
-		l.releaseTurn()
-		switch {
-		case err == nil, errors.Is(err, errInterrupted):
-		case errors.Is(err, ErrClosedIntentionally):
-			return l.awaitCloser(ctx, g, rpc, errs, done)
-		default:
-			return nil, err
-		}
-	}
-}
-
-// settled finds an outcome that beat the turn, rather than read on.
-func (l *legacyConn) settled(g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (m message, over bool, err error) {
-	select {
-	case m := <-rpc:
-		return m, true, nil
-	case e, ok := <-errs:
-		return nil, true, l.chanErr(&g.readGen, e, ok)
-	case <-done:
-		return nil, true, nil
-	default:
-	}
-	if g.isDead() {
-		return nil, true, l.waitErr(&g.genEnd)
-	}
-	return nil, false, nil
-}
-
-// awaitCloser leaves the reading to Close (waitErr needs g's end).
-func (l *legacyConn) awaitCloser(ctx context.Context, g *legacyGen, rpc <-chan message, errs <-chan *Error, done <-chan struct{}) (message, error) {
-	select {
-	case m := <-rpc:
-		return m, nil
-	case e, ok := <-errs:
-		if ok || g.isDead() {
-			return nil, l.chanErr(&g.readGen, e, ok)
-		}
-		return nil, ErrClosedIntentionally
-	case <-done:
-		return nil, nil
-	case <-g.dead:
-		return nil, l.waitErr(&g.genEnd)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-// awaitReply pumps for the reply (readMode.awaitReply).
-func (l *legacyConn) awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
-	return l.await(ctx, l.current(), rpc, errs, nil)
-}
 
 // standInSend cuts a read short (the abandoned call's pump, maybe), as a
 // writer before c.sendM, whose holder may wait for that read.
 func (l *legacyConn) standInSend(send func() error) error {
 	l.urgent.Add(1)
 	l.writers.Add(1)
-	defer func() { l.writers.Add(-1); l.urgent.Add(-1) }()
+	defer l.urgent.Add(-1)
+	defer l.writers.Add(-1)
 	if g := l.current(); g != nil {
 		g.interrupt()
 	}
 	return send()
 }
 
-// nextReply pumps for the next reply, as chanCall does, until ctx ends.
-func (l *legacyConn) nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
-	m, err := l.await(ctx, l.current(), rpc, errs, nil)
-	if err == nil && m == nil {
-		err = ErrClosed
-	}
-	return m, err
-}
-
-// consumerReader: a ConsumeFunc reads the socket itself (pumpFor).
-func (l *legacyConn) consumerReader() consumerReader { return l }
-func (l *legacyConn) readTurn() chan struct{}        { return l.turn }
-
-// pumpFor reads a turn for a ConsumeFunc; nil: look at its inbox again.
-func (l *legacyConn) pumpFor(ctx context.Context, box *inbox) error {
-	defer l.releaseTurn()
-	if l.isCalled() {
-		return ErrClosedIntentionally
-	}
-	if len(box.wake) > 0 { // a delivery came meanwhile
-		return nil
-	}
-	g := l.current()
-	if g == nil {
-		return ErrClosed
-	}
-	if g.isDead() {
-		return l.waitErr(&g.genEnd)
-	}
-	l.consumerReads.Add(1) // before the read takes the transport lock
-	defer l.consumerReads.Add(-1)
-	if err := l.pump(ctx, g); err != nil && !errors.Is(err, errInterrupted) && ctx.Err() == nil {
-		return err
-	}
-	return nil
-}
-
-// waitConfirm pumps until a DeferredConfirmation is settled.
+// waitConfirm reads until a DeferredConfirmation is settled.
 func (l *legacyConn) waitConfirm(ctx context.Context, done <-chan struct{}) error {
-	_, err := l.await(ctx, l.current(), nil, nil, done)
+	_, err := l.awaitReply(ctx, l.generation(), replyWait{done: done})
 	return err
-}
-
-// closing also interrupts a blocked read, so that Close can pump.
-func (l *legacyConn) closing() {
-	l.readBase.closing()
-	if g := l.current(); g != nil {
-		g.interrupt()
-	}
 }
 
 // flush does nothing: legacy hands notifications over inline.

@@ -4,7 +4,7 @@ package amqp091
 
 import (
 	"bufio"
-	"fmt"
+	"context"
 	"io"
 	"net"
 	"os"
@@ -32,10 +32,16 @@ func (closedIntentionally) Recoverable() bool { return false }
 
 const (
 	defaultCloseTimeout = 5 * time.Second // the options' CloseTimeout when zero
-	connRPCCap          = 8               // channel-0 replies buffered, so their dispatcher never waits (replyOverflow)
-	chanRPCCap          = 8               // channel replies, likewise
-	frameCost           = 64              // charged per queued frame or notification, on top of its payload
-	deadAfter           = 3               // heartbeat intervals of silence that mean a dead broker (1.5 heartbeats, as upstream)
+	// connRPCCap is how many channel-0 replies are buffered, so that their router never
+	// waits for a caller (replyOverflow); chanRPCCap likewise on a channel.
+	connRPCCap = 8
+	chanRPCCap = 8
+	// frameCost is charged to the budget per queued frame or notification, on top of its
+	// payload, so that many empty frames still count.
+	frameCost = 64
+	// deadAfter is how many heartbeat intervals of silence mean a dead broker: 1.5
+	// heartbeats, as upstream's reader judges.
+	deadAfter = 3
 )
 
 var errDeadline = os.ErrDeadlineExceeded // matches a read or write that ended at its deadline
@@ -50,7 +56,7 @@ type readBase struct {
 	rpcTimeout   time.Duration // the options' RPCTimeout
 	closeTimeout time.Duration // the options' CloseTimeout
 	deliveries   *budget       // what consumer buffers count against (legacy never pauses)
-	confirmWait  confirmPump   // for DeferredConfirmation.Wait: legacy reads, the drainer reclaims its turn
+	confirmWait  confirmPump   // for DeferredConfirmation.Wait (readpath.go's confirmPump)
 	closeIntent                // Close was called: waiters get ErrClosedIntentionally
 	blocks       blockGate
 	pub          publishOut    // the generation's socket writer, under c.sendM (publish.go)
@@ -61,12 +67,27 @@ type readBase struct {
 	clocks       confirmClocks // confirm clocks, for ConfirmInfo.Latency
 	obs          *Observer     // the options' Observer
 	gens         atomic.Int32  // generations opened, for ConnectionRecovered
+	// Who takes the read turn (readTurn). holder: a goroutine holds it by default and lends
+	// it (the drainer's, AutoDrain's). callerRead: how a caller holding the turn reads until
+	// a frame is routed, or nil where callers never read (the drainer: its holder reads
+	// for them). inline: frames are dispatched on the turn holder, as upstream's reader
+	// dispatches them (legacy), not queued for dispatchers.
+	holder     bool
+	callerRead func(ctx context.Context, g *readGen, consumer bool) error
+	inline     bool
+	pending    *workCount // the drainer's jobs not yet run, which a reply may wait behind
 }
 
 // init fixes the parts of a read path being attached to c.
-func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer, deliveries *budget) {
-	b.c, b.mode, b.name, b.rpcCap, b.deliveries = c, mode, name, chanRPCCap, deliveries
-	b.closeIntent, b.obs = newCloseIntent(), obs
+func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer,
+	deliveries *budget) {
+	b.c = c
+	b.mode = mode
+	b.name = name
+	b.rpcCap = chanRPCCap
+	b.deliveries = deliveries
+	b.closeIntent = newCloseIntent()
+	b.obs = obs
 	if obs != nil {
 		b.io.settled = obs.Settled
 	}
@@ -76,6 +97,11 @@ func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer
 func (b *readBase) base() *readBase { return b }
 
 // genEnd is how a generation ends, and why.
+//
+// One end for every waiter: Close, a failed read, a heartbeat timeout, the watchdog and an
+// abandoned call may all try to end a generation, and only the first decides its error
+// (setDead, under once). dead is closed after err is written, so a waiter that saw dead
+// closed reads the final err without a lock.
 type genEnd struct {
 	once     sync.Once
 	dead     chan struct{} // closed once, releasing every waiter
@@ -102,18 +128,45 @@ func (e *genEnd) explain(err error) error {
 
 func (e *genEnd) isDead() bool { return isClosing(e.dead) }
 
-// readGen is one connection generation: one socket, and how it ends.
+// readGen is one connection generation: one socket, its read turn, and how it ends.
 type readGen struct {
-	conn   io.ReadWriteCloser
-	rpc    chan message // the generation's c.rpc: channel-0 replies
-	genEnd              // how the generation ends
+	conn        io.ReadWriteCloser
+	rpc         chan message  // the generation's c.rpc: channel-0 replies
+	genEnd                    // how the generation ends
+	turn        readTurn      // who may read (readturn.go)
+	read        readState     // the turn holder's read state (readstep.go)
+	activity    activity      // frames routed, waking DrainEvents callers
+	interval    atomic.Int64  // heartbeat send interval in ns, 0 until tune (or none)
+	sent        atomic.Uint64 // bytes written by anyone: the heartbeat duty's "traffic"
+	opened      atomic.Bool   // the handshake is done (opened)
+	handshakeBy time.Time     // legacy: the handshake's bound, as upstream's dial sets it
 }
 
-func newReadGen(conn io.ReadWriteCloser) readGen {
-	return readGen{conn: conn, rpc: make(chan message, connRPCCap), genEnd: newGenEnd()}
+// initGen readies g, a new generation for conn, for its first read step.
+func (b *readBase) initGen(g *readGen, conn io.ReadWriteCloser) {
+	g.conn = conn
+	g.rpc = make(chan message, connRPCCap)
+	g.genEnd = newGenEnd()
+	g.turn = newReadTurn()
+	g.read.split = newFrameSplitter(&b.c.maxFrameSize)
+	g.read.split.counts = &b.io
+	g.read.cr = &contentReader{}
+	g.read.nc, _ = conn.(net.Conn)
 }
 
-// interrupt cuts short a read in progress (legacy's reads set their own deadline).
+// clock is the heartbeat clock: a zero interval until tune has set one.
+func (g *readGen) clock() heartbeatClock {
+	return heartbeatClock{time.Duration(g.interval.Load())}
+}
+
+// writer is the generation's socket writer, with guard (legacy's transport lock) or nil.
+func (b *readBase) writer(g *readGen, guard writeGuard) *socketWriter {
+	return &socketWriter{conn: g.conn, end: &g.genEnd, counts: &b.io, sent: &g.sent, guard: guard}
+}
+
+// interrupt cuts short a read in progress with a deadline of now. Its reader sees a
+// deadline error, which the read step takes as one of its own (ownsDeadline), and sets
+// its deadline anew at the next step.
 func (g *readGen) interrupt() {
 	if nc, ok := g.conn.(net.Conn); ok {
 		_ = nc.SetReadDeadline(time.Now())
@@ -137,10 +190,12 @@ func (b *readBase) install(g *readGen, w *socketWriter) {
 // fail ends g with err: IsClosed is true before waiters are released, then
 // the socket is closed (freeing writers), then upstream's teardown runs.
 func (b *readBase) fail(g *readGen, err *Error) {
-	if b.c.closed.Store(true); g.setDead(err) { // else Close or another failure was first
-		_ = g.conn.Close()
-		b.c.shutdown(err)
+	b.c.closed.Store(true)
+	if !g.setDead(err) {
+		return // Close or another failure was first
 	}
+	_ = g.conn.Close()
+	b.c.shutdown(err)
 }
 
 // countOpened counts a generation whose handshake completed, and reports it to the Observer.
@@ -158,12 +213,15 @@ func (b *readBase) countOpened() {
 type socketWriter struct {
 	conn   io.Writer
 	end    *genEnd
-	counts *ioCounters   // the connection's, for Stats
-	sent   func(n int64) // runs after each write of n > 0 bytes
-	guard  interface {   // if not nil, held around each write: legacy's transport lock
-		lock()
-		unlock()
-	}
+	counts *ioCounters    // the connection's, for Stats
+	sent   *atomic.Uint64 // the generation's bytes written, for the heartbeat duty
+	guard  writeGuard     // if not nil, held around each write: legacy's transport lock
+}
+
+// writeGuard is held around every write of a socketWriter that has one.
+type writeGuard interface {
+	lock()
+	unlock()
 }
 
 func (w *socketWriter) Write(p []byte) (int, error) {
@@ -174,9 +232,7 @@ func (w *socketWriter) Write(p []byte) (int, error) {
 	n, err := w.conn.Write(p)
 	w.counts.writes.Add(1)
 	w.counts.wrote(p[:n])
-	if n > 0 {
-		w.sent(int64(n))
-	}
+	w.sent.Add(uint64(n))
 	return n, w.end.explain(err)
 }
 
@@ -190,82 +246,6 @@ func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	n, err := v.WriteTo(w.conn)
 	w.counts.writes.Add(1)
 	w.counts.bytesOut.Add(uint64(n))
-	if n > 0 {
-		w.sent(n)
-	}
+	w.sent.Add(uint64(n))
 	return n, w.end.explain(err)
 }
-
-// chanStep is what a frame on channel ≠ 0 comes to: at most one field after ch.
-type chanStep struct {
-	ch     *Channel           // nil: the channel is not open
-	closed frame              // a method for a channel not open, as upstream parsed it
-	method *methodFrame       // a method that starts no content
-	del    *Delivery          // a complete basic.deliver from the fast path
-	msg    messageWithContent // any other complete content message
-}
-
-// channelFrame is upstream's dispatchN up to the channel's dispatch, for raw on channel
-// id ≠ 0: a dispatch sees only whole messages and methods that start no content.
-func (cr *contentReader) channelFrame(c *Connection, split *frameSplitter, id uint16, raw []byte) (chanStep, *Error) {
-	cf, err := cr.decode(split, raw)
-	if err != nil {
-		return chanStep{}, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
-	}
-	c.m.Lock()
-	ch, ok := c.channels[id]
-	if ok && cf.f != nil {
-		updateChannel(cf.f, ch)
-	}
-	c.m.Unlock()
-	step := chanStep{ch: ch}
-	if !ok {
-		Logger.Printf("[debug] dropping frame, channel %d does not exist", id)
-		if raw[0] == frameMethod {
-			if step.closed = cf.f; cf.f == nil { // decoded fast: upstream's parse succeeds too
-				step.closed, _ = split.parse(raw)
-			}
-		}
-		return step, nil
-	}
-	a := cr.asm(id, ch)
-	var complete bool // never with a method
-	if complete, step.method = cr.feed(a, &cf, c.maxFrameSize.Load()); complete {
-		step.del, step.msg = a.complete()
-	}
-	return step, nil
-}
-
-// heartbeatClock does heartbeat arithmetic on the send interval (half the heartbeat; 0: none).
-type heartbeatClock struct{ interval time.Duration }
-
-// timeout returns the error to fail with if the broker is dead at now, else nil.
-func (h heartbeatClock) timeout(lastRecv, now time.Time) *Error {
-	if silent := now.Sub(lastRecv); h.interval > 0 && silent >= deadAfter*h.interval {
-		return &Error{Code: FrameError, Reason: fmt.Sprintf("heartbeat timeout: no frame from the broker for %s (heartbeat %s)",
-			silent.Round(time.Millisecond), 2*h.interval)}
-	}
-	return nil
-}
-
-// window is the most between the drainer's duties (the broker's frames usually carry
-// them); readDeadline is the broker's death or the next duty, whichever is first.
-func (h heartbeatClock) window() time.Duration { return h.interval + h.interval/2 }
-func (h heartbeatClock) readDeadline(lastRecv, dutyAt time.Time) time.Time {
-	deadline := lastRecv.Add(deadAfter * h.interval) // the broker's death
-	if latest := dutyAt.Add(h.window()); latest.Before(deadline) {
-		return latest
-	}
-	return deadline
-}
-
-// dutyDue reports whether the duty last done at dutyAt is owed at now.
-func (h heartbeatClock) dutyDue(dutyAt, now time.Time) bool { return now.Sub(dutyAt) >= h.window() }
-
-// piggyback reports whether a frame at now carries the duty (idle: one wake-up an interval).
-func (h heartbeatClock) piggyback(dutyAt, now time.Time) bool {
-	return !dutyAt.IsZero() && now.Sub(dutyAt) >= h.interval/2
-}
-
-// sendDue reports whether legacy mode, silent for an interval, owes a heartbeat.
-func (h heartbeatClock) sendDue(lastSent, now time.Time) bool { return now.Sub(lastSent) >= h.interval }

@@ -4,27 +4,40 @@ package amqp091
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
+	"io"
+	"net"
 	"sync"
+	"time"
 )
 
-// readMode is what a read mode supplies to readBase's methods here.
+// readMode is the boundary between the two read modes: all that a mode supplies. readBase
+// does the rest the same way for both (the seam's hooks, the read step, the reply wait,
+// shutdown), and two of its fields say who takes the read turn (readTurn): holder, and
+// callerRead.
 type readMode interface {
-	generation() *readGen // nil before the first (genSlot)
-	// awaitReply waits for the reply in rpc, errs (nil for channel 0), the
-	// end or ctx's; a reply that came before the error or end wins.
-	awaitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
-	flush()                                       // in shutdown, once the socket is closed
-	notifyBlocked(ls []chan Blocking, b Blocking) // to the NotifyBlocked listeners
-	consumerReader() consumerReader               // legacy's turn, or the drainer's lease (readlease.go)
-}
-
-// consumerReader is a ConsumeFunc's own read (directconsume.go):
-// send into readTurn to take the turn, then pumpFor reads one for box.
-type consumerReader interface {
-	readTurn() chan struct{}
-	pumpFor(ctx context.Context, box *inbox) error
+	// start begins a generation on conn: its socket writer, and the holder goroutine if
+	// the mode has one. c.m and c.sendM are not held; the handshake has not begun.
+	start(conn io.ReadWriteCloser)
+	// generation is the current generation, nil before the first (genSlot).
+	generation() *readGen
+	// fill reads the socket once into the generation's splitter by deadline (zero: none);
+	// ctx, if not nil, may cut the read short. The turn is held.
+	fill(g *readGen, deadline time.Time, ctx context.Context) (int, error)
+	// handOn takes a routed channel frame's step: queued for the channel's dispatcher
+	// (drainer), or dispatched inline as upstream's reader does (legacy).
+	handOn(g *readGen, step chanStep)
+	// route0 takes a channel-0 frame; stop ends reading, with err (nil: connection.close).
+	route0(g *readGen, f frame) (stop bool, err *Error)
+	// flush runs in shutdown, once the socket is closed: what was read reaches listeners.
+	flush()
+	// notifyBlocked tells the NotifyBlocked listeners.
+	notifyBlocked(ls []chan Blocking, b Blocking)
+	// standInSend runs a stand-in's channel.close send (bounded.go), which must not wait
+	// for a read: the read may be the abandoned call's own.
+	standInSend(send func() error) error
+	// stats fills in the mode's part of Stats.
+	stats(s *Stats, now time.Time)
 }
 
 // genSlot holds a read mode's current generation, of type G.
@@ -47,7 +60,8 @@ func (s *genSlot[G, P]) current() P {
 func (s *genSlot[G, P]) replace(g P) (prev P) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	prev, s.gen = s.gen, g
+	prev = s.gen
+	s.gen = g
 	return prev
 }
 
@@ -61,6 +75,42 @@ func (s *genSlot[G, P]) generation() *readGen {
 
 // shared is the part of a mode's generation that readBase runs.
 func (g *readGen) shared() *readGen { return g }
+
+// heartbeater takes over upstream's heartbeater goroutine: the read step sends heartbeats
+// (readstep.go), timed by read deadlines, so it needs a net.Conn. Legacy never runs
+// upstream's goroutine either: its writes would wait for the caller's read.
+func (b *readBase) heartbeater(interval time.Duration, _ chan struct{}) bool {
+	g := b.mode.generation()
+	if _, ok := g.conn.(net.Conn); !ok && !b.inline {
+		return false
+	}
+	g.interval.Store(int64(interval))
+	return true
+}
+
+// opened marks the handshake done, and cuts short a read in progress: upstream cleared
+// the socket's deadlines as the handshake ended, and the next step sets the heartbeat's.
+func (b *readBase) opened() {
+	g := b.mode.generation()
+	g.opened.Store(true)
+	b.countOpened()
+	g.interrupt()
+}
+
+// closing wakes DrainEvents callers and arms Close's watchdog. In legacy it also cuts
+// short a read in progress, so that Close can take the turn and read its close-ok, and
+// AutoDrain sees Close. The drainer's holder reads the close-ok itself: nothing to cut.
+func (b *readBase) closing() {
+	g := b.mode.generation()
+	if g == nil {
+		b.begin(b.closeTimeout, nil, nil)
+		return
+	}
+	b.begin(b.closeTimeout, &g.genEnd, g.conn)
+	if b.inline {
+		g.interrupt()
+	}
+}
 
 // abandon fails the current generation on its own goroutine: the
 // teardown may wait for what the mode still runs (bounded.go).
@@ -86,73 +136,6 @@ func (b *readBase) shutdown(err *Error) {
 	_ = g.conn.Close()
 	b.mode.flush()
 	observeEnd(b.obs, b.name, &g.genEnd, err)
-}
-
-// connCall waits for a channel-0 reply under RPCTimeout but not during
-// Close (closeStarted locks). closerKey marks Close's wait for legacy.
-func (b *readBase) connCall(_ chan *Error, rpc chan message, res []message) error {
-	return observedWait(b.obs, 0, res, func() error {
-		ctx := context.Background()
-		if b.isCalled() {
-			ctx = context.WithValue(ctx, closerKey{}, true)
-		}
-		ctx, cancel := b.rpcContext(ctx, b.rpcTimeout > 0 && b.c.closeStarted())
-		defer cancel()
-		m, err := b.mode.awaitReply(ctx, nil, rpc)
-		switch {
-		case err == nil:
-			return matchReply(m, res)
-		case ctx.Err() != nil:
-			return b.c.connTimedOut(res)
-		}
-		return err
-	})
-}
-
-// closing wakes DrainEvents callers and arms Close's watchdog.
-func (b *readBase) closing() {
-	if g := b.mode.generation(); g != nil {
-		b.begin(b.closeTimeout, &g.genEnd, g.conn)
-	} else {
-		b.begin(b.closeTimeout, nil, nil)
-	}
-}
-
-// chanCall waits for a reply on ch under RPCTimeout (readMode.awaitReply).
-func (b *readBase) chanCall(ch *Channel, errs chan *Error, rpc chan message, res []message) error {
-	return observedWait(b.obs, ch.id, res, func() error {
-		ctx, cancel := b.rpcContext(context.Background(), false)
-		defer cancel()
-		m, err := b.mode.awaitReply(ctx, errs, rpc)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			return ch.rpcTimedOut(res)
-		case err != nil:
-			return err
-		case m == nil:
-			return ErrClosed
-		}
-		return matchReply(m, res)
-	})
-}
-
-// rpcContext bounds a wait by RPCTimeout, if any, unless exempt.
-func (b *readBase) rpcContext(ctx context.Context, exempt bool) (context.Context, context.CancelFunc) {
-	if b.rpcTimeout <= 0 || exempt {
-		return ctx, func() {}
-	}
-	return context.WithTimeout(ctx, b.rpcTimeout)
-}
-
-// chanErr is a channel waiter's error: e or, once the channel is gone, why.
-func (b *readBase) chanErr(g *readGen, e *Error, ok bool) error {
-	switch {
-	case ok:
-		return e
-	case g.isDead():
-		return b.waitErr(&g.genEnd)
-	}
-	return ErrClosed
 }
 
 // replyOverflow fails the connection when g.rpc is full: upstream waits, a
@@ -183,60 +166,4 @@ func (b *readBase) notifyBlocks(m message) bool {
 	b.c.m.Unlock()
 	b.mode.notifyBlocked(ls, blk)
 	return true
-}
-
-// frameRouter is a mode's generation. route0's stop ends reading;
-// endedInline reports that a hand-on ended the generation.
-type frameRouter interface {
-	handOn(step chanStep)
-	route0(f frame) (stop bool, err *Error)
-	endedInline() bool
-}
-
-// routeFrames routes raw, if not nil, then split's complete frames to r.
-func (b *readBase) routeFrames(r frameRouter, cr *contentReader, split *frameSplitter, raw []byte) (stop bool, err *Error) {
-	for ; ; raw = nil {
-		if raw == nil {
-			var err error
-			if raw, err = split.next(); err != nil {
-				return true, &Error{Code: FrameError, Reason: err.Error()}
-			} else if raw == nil {
-				return false, nil
-			}
-		}
-		if id := binary.BigEndian.Uint16(raw[1:3]); id != 0 {
-			step, err := cr.channelFrame(b.c, split, id, raw)
-			if err != nil {
-				return true, err
-			}
-			if b.obs != nil {
-				b.observeStep(step)
-			}
-			r.handOn(step)
-		} else if f, err := split.parse(raw); err != nil {
-			return true, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", err)}
-		} else if stop, err := r.route0(f); stop {
-			return true, err
-		}
-		if r.endedInline() {
-			return true, nil
-		}
-	}
-}
-
-// observeStep tells the Observer (not nil) of a confirm or return.
-func (b *readBase) observeStep(step chanStep) {
-	switch {
-	case step.method != nil:
-		switch m := step.method.Method.(type) {
-		case *basicAck:
-			step.ch.observeConfirm(m.DeliveryTag, m.Multiple, true)
-		case *basicNack:
-			step.ch.observeConfirm(m.DeliveryTag, m.Multiple, false)
-		}
-	case step.msg != nil:
-		if r, ok := step.msg.(*basicReturn); ok && b.obs.Returned != nil {
-			b.obs.Returned(newReturn(*r))
-		}
-	}
 }

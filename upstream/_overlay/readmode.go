@@ -64,12 +64,14 @@ func parseReadModeEnv(v string) (ReadPath, error) {
 	case "legacy-autodrain":
 		return Legacy(LegacyOptions{AutoDrain: true}), nil
 	case "legacy":
-		return nil, fmt.Errorf("%w: %s=%q is refused: in plain legacy mode deliveries, confirms and heartbeats "+
-			"wait for the program to call Connection.DrainEvents, so a program that does not would hang; "+
-			"set %s=legacy-autodrain, or set Config.ReadPath = amqp.Legacy(...) in code that runs a drain loop",
+		return nil, fmt.Errorf("%w: %s=%q is refused: in plain legacy mode deliveries, "+
+			"confirms and heartbeats wait for the program to call Connection.DrainEvents, "+
+			"so a program that does not would hang; set %s=legacy-autodrain, or set "+
+			"Config.ReadPath = amqp.Legacy(...) in code that runs a drain loop",
 			ErrInvalidReadMode, ReadModeEnv, v, ReadModeEnv)
 	default:
-		return nil, fmt.Errorf(`%w: %s=%q: want one of "upstream" (or unset or empty), "drainer", "legacy-autodrain"`, ErrInvalidReadMode, ReadModeEnv, v)
+		return nil, fmt.Errorf(`%w: %s=%q: want one of "upstream" (or unset or empty), `+
+			`"drainer", "legacy-autodrain"`, ErrInvalidReadMode, ReadModeEnv, v)
 	}
 }
 
@@ -91,7 +93,9 @@ type readPathSources struct {
 	env          func() (ReadPath, error) // AMQP091_READ_MODE
 }
 
-// resolve picks cfg, SetDefaultReadPath, a test file's forced mode, AMQP091_READ_MODE, then upstream.
+// resolve picks, first found: cfg, SetDefaultReadPath, a test file's forced mode,
+// AMQP091_READ_MODE, then upstream. The option in code wins over anything the process
+// sets, so that a library that chose a mode keeps it.
 func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	switch {
 	case cfg != nil:
@@ -105,7 +109,8 @@ func (s readPathSources) resolve(cfg ReadPath) (ReadPath, error) {
 	}
 }
 
-// startAndOpen is Open's hook: read path, credentials, reader, c.open; an early failure closes c, as upstream.
+// startAndOpen is Open's hook: read path, credentials, reader, c.open, in that order. An
+// early failure closes c, as upstream's Open does when its handshake fails.
 func (c *Connection) startAndOpen(conn io.ReadWriteCloser, config Config) error {
 	rp, err := resolveReadPath(c.Config.ReadPath)
 	if err == nil {

@@ -11,9 +11,17 @@ import (
 	"time"
 )
 
-// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces upstream's reader
-// and heartbeater goroutines and RPC waits. The hooks of 0001-read-path-seam.patch, which PATCHES.md
-// lists, run upstream's code when c.rp is nil.
+// The read-path seam: a read path (Config.ReadPath, in Connection.rp) replaces upstream's
+// reader and heartbeater goroutines and its RPC waits. The hooks of
+// 0001-read-path-seam.patch, which PATCHES.md lists, call it, and run upstream's own code
+// when c.rp is nil: that is why default mode is upstream's, byte for byte.
+//
+// Three interfaces, one for each side of a boundary:
+//   - ReadPath is the public, sealed option: it only names a mode and attaches it.
+//   - readPath is what upstream's code calls, through the hooks. readBase implements it
+//     for both of our modes; a test-only probe implements it to show that the hooks reach
+//     every place upstream reads (readpath_probe_test.go).
+//   - readMode (readgen.go) is the boundary between our two modes: all they differ in.
 
 // ReadPath selects who reads a Connection's socket and dispatches its frames;
 // nil keeps upstream's. Sealed: values come from this package's constructors.
@@ -24,23 +32,36 @@ type ReadPath interface {
 
 // readPath is one Connection's read path, called from the seam's hooks.
 type readPath interface {
-	base() *readBase                                             // what was fixed at attach (readconn.go)
-	start(conn io.ReadWriteCloser)                               // for `go c.reader`: c.m, sendM not held, before the handshake
-	heartbeater(interval time.Duration, done chan struct{}) bool // for `go c.heartbeater`; false: run it
-	// connCall waits for a sent channel-0 request's reply, matched into res as upstream does (errors
-	// and rpc read under c.m); chanCall likewise on ch, its chans read under ch.m before the send (callThrough).
+	// base is what was fixed at attach (readconn.go).
+	base() *readBase
+	// start begins reading a generation, where upstream runs `go c.reader`: c.m and
+	// c.sendM are not held, and the handshake has not begun.
+	start(conn io.ReadWriteCloser)
+	// heartbeater stands in for `go c.heartbeater`; false: run upstream's.
+	heartbeater(interval time.Duration, done chan struct{}) bool
+	// connCall waits for a sent channel-0 request's reply, matched into res as upstream
+	// does (errors and rpc read under c.m). chanCall does the same on ch, whose chans
+	// were read under ch.m before the send (callThrough).
 	connCall(errors chan *Error, rpc chan message, res []message) error
 	chanCall(ch *Channel, errors chan *Error, rpc chan message, res []message) error
-	opened()                               // after a handshake, once upstream cleared the deadlines
-	closing()                              // Close, CloseDeadline or closeWith began, before it waits or sends
-	drainEvents(ctx context.Context) error // Connection.DrainEvents
-	shutdown(err *Error)                   // first in every Connection.shutdown, before it locks; nil: intentional
-	abandon(err *Error)                    // ends the generation as a failed read would, without waiting (bounded.go)
-	// standInSend runs send, a stand-in's close, waiting for no read (it may be the abandoned call's).
+	// opened runs after a handshake, once upstream cleared the socket's deadlines.
+	opened()
+	// closing runs when Close, CloseDeadline or closeWith begins, before it waits or sends.
+	closing()
+	// drainEvents is Connection.DrainEvents.
+	drainEvents(ctx context.Context) error
+	// shutdown runs first in every Connection.shutdown, before it locks; nil: intentional.
+	shutdown(err *Error)
+	// abandon ends the generation as a failed read would, without waiting (bounded.go).
+	abandon(err *Error)
+	// standInSend runs send, a stand-in's close, waiting for no read: the read may be the
+	// abandoned call's own.
 	standInSend(send func() error) error
-	// nextReply waits until ctx ends for the next message in rpc, or errs, reading frames if nobody else does (legacy).
+	// nextReply waits until ctx ends for the next message in rpc, or errs, reading frames
+	// if nobody else does (legacy).
 	nextReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error)
-	stats(s *Stats, now time.Time) // fills in s, taken at now
+	// stats fills in s, taken at now.
+	stats(s *Stats, now time.Time)
 }
 
 // defaultReadPath is set only by test files (readmode.go has its place in the order).
@@ -89,7 +110,9 @@ func (c *Connection) rpShutdown(err *Error) {
 	}
 }
 
-// confirmPump reads frames until done is closed (legacy), or has them read (drainer); err: ctx.Err().
+// confirmPump is what DeferredConfirmation.Wait runs first: in legacy it reads frames
+// until done is closed, in the drainer it takes the read turn back from a lessee so that
+// the drainer reads them; its error is ctx.Err().
 type confirmPump func(ctx context.Context, done <-chan struct{}) error
 
 // confirmPump is what a new DeferredConfirmation calls while waiting.
@@ -108,7 +131,8 @@ func (d *DeferredConfirmation) pumpUntilDone(ctx context.Context) error {
 	return nil
 }
 
-// rpcCap is a channel's rpc chan capacity: 0 as upstream unless the read path asks; c may be nil (tests).
+// rpcCap is a channel's rpc chan capacity: 0 as upstream unless the read path asks, so
+// that routing a reply never waits for its caller; c may be nil (tests).
 func (c *Connection) rpcCap() int {
 	if c == nil || c.rp == nil {
 		return 0
@@ -142,7 +166,9 @@ func matchReply(msg message, res []message) error {
 	return ErrCommandInvalid
 }
 
-// activity counts dispatched frames, waking waiters: per frame, an add and a load if none waits.
+// activity counts routed frames and wakes DrainEvents callers waiting for one. Per frame
+// it costs an add, and a load when nobody waits: the reader must not pay for a chan per
+// frame that nobody reads.
 type activity struct {
 	frames atomic.Uint64
 	wakeup
@@ -155,6 +181,11 @@ func (a *activity) signal() {
 }
 
 // wakeup wakes everyone waiting on a chan from wait; with nobody waiting, wake is a load.
+//
+// No wake is lost: a waiter gets its chan (wait) before it checks its condition, and a
+// waker changes the condition before it swaps the chan out and closes it. So either the
+// waiter's check sees the change, or the chan it holds is the one the waker closes. The
+// CompareAndSwap makes every waiter between two wakes share one chan.
 type wakeup struct{ waiters atomic.Pointer[chan struct{}] }
 
 func (w *wakeup) wake() {
@@ -178,7 +209,8 @@ func (w *wakeup) wait() <-chan struct{} {
 	}
 }
 
-// waitFrames waits for more than seen frames: ctx.Err() at ctx's end, errEnded when end or stop close.
+// waitFrames waits for more than seen frames: ctx.Err() at ctx's end, errEnded when end
+// or stop close.
 func (a *activity) waitFrames(ctx context.Context, seen uint64, end, stop <-chan struct{}) error {
 	for {
 		woken := a.wait() // before the check, so no wake is lost
