@@ -128,7 +128,6 @@ type Publisher struct {
 	idSeq    atomic.Uint64
 
 	closeOnce sync.Once
-	closeErr  error
 	wg        sync.WaitGroup // every goroutine but the manager
 
 	mu     sync.Mutex
@@ -401,57 +400,81 @@ func (p *Publisher) Stats() PublisherStats {
 // goroutine did not end in time; a second Close returns amqp.ErrClosed.
 func (p *Publisher) Close() error {
 	first := false
+	var err error
 	p.closeOnce.Do(func() {
 		first = true
-		deadline := time.Now().Add(p.o.CloseTimeout)
-		p.mu.Lock()
-		p.closed = true
-		p.mu.Unlock()
-		p.cancel()
-		// The manager never blocks on the network, but it may be in a
-		// DialFunc that does not honour its ctx.
-		stuck := time.NewTimer(time.Until(deadline))
-		defer stuck.Stop()
-		select {
-		case <-p.done:
-		case <-stuck.C:
-			p.mu.Lock()
-			p.failAllLocked()
-			p.mu.Unlock()
-			p.closeErr = fmt.Errorf("failover: Close: DialFunc did not return within CloseTimeout (%v); it should honour its ctx", p.o.CloseTimeout)
-			return
-		}
-		p.mu.Lock()
-		conn := p.conn
-		p.conn = nil
-		p.failAllLocked()
-		p.mu.Unlock()
-		if conn != nil {
-			// CloseDeadline's deadline bounds the close handshake in
-			// upstream mode only: drainer and legacy modes wait for
-			// close-ok up to their own CloseTimeout (5 s by default)
-			// whatever the deadline. So it runs aside, and Close returns
-			// at its own deadline regardless.
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				closeConn(conn.conn, conn.drain, deadline)
-			}()
-		}
-		ended := make(chan struct{})
-		go func() { p.wg.Wait(); close(ended) }()
-		t := time.NewTimer(time.Until(deadline) + 50*time.Millisecond)
-		defer t.Stop()
-		select {
-		case <-ended:
-		case <-t.C:
-			p.closeErr = fmt.Errorf("failover: Close: the connection did not close within CloseTimeout (%v); it is being closed in the background, bounded by its read mode's own close timeout", p.o.CloseTimeout)
-		}
+		err = p.shutdown(time.Now().Add(p.o.CloseTimeout))
 	})
 	if !first {
 		return amqp.ErrClosed
 	}
-	return p.closeErr
+	return err
+}
+
+// shutdown is the first Close, bounded by deadline in three steps: stop
+// the manager, fail what is left and close the connection aside, then wait
+// for the other goroutines.
+func (p *Publisher) shutdown(deadline time.Time) error {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	p.cancel()
+	// The manager never blocks on the network, but it may be in a
+	// DialFunc that does not honour its ctx.
+	if !closedBy(p.done, deadline) {
+		p.mu.Lock()
+		p.failAllLocked()
+		p.mu.Unlock()
+		return fmt.Errorf("failover: Close: DialFunc did not return within CloseTimeout (%v); "+
+			"it should honour its ctx", p.o.CloseTimeout)
+	}
+	p.closeConnAside(deadline)
+	ended := make(chan struct{})
+	go func() {
+		p.wg.Wait()
+		close(ended)
+	}()
+	if !closedBy(ended, deadline.Add(50*time.Millisecond)) {
+		return fmt.Errorf("failover: Close: the connection did not close within CloseTimeout (%v); "+
+			"it is being closed in the background, bounded by its read mode's own close timeout",
+			p.o.CloseTimeout)
+	}
+	return nil
+}
+
+// closeConnAside fails what is still queued or unconfirmed (failAllLocked),
+// and closes the current connection in a goroutine of p.wg. CloseDeadline's
+// deadline bounds the close handshake in upstream mode only: drainer and
+// legacy modes wait for close-ok up to their own CloseTimeout (5 s by
+// default) whatever the deadline. So it runs aside, and Close returns at its
+// own deadline regardless. The manager has returned: nothing else sets
+// p.conn.
+func (p *Publisher) closeConnAside(deadline time.Time) {
+	p.mu.Lock()
+	conn := p.conn
+	p.conn = nil
+	p.failAllLocked()
+	p.mu.Unlock()
+	if conn == nil {
+		return
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		closeConn(conn.conn, conn.drain, deadline)
+	}()
+}
+
+// closedBy reports whether ch is closed by deadline.
+func closedBy(ch <-chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // startConn starts what a new connection needs: its drain loop in legacy
@@ -606,43 +629,10 @@ func (p *Publisher) channelClosed(g *chanGen, closes <-chan *amqp.Error) {
 // send publishes queued messages on g until g is retired or fails.
 func (p *Publisher) send(g *chanGen) {
 	for {
-		p.mu.Lock()
-		var m *message
-		for !g.dead && g.failErr == nil {
-			// A probe channel holds the rest back while its one
-			// message is unconfirmed.
-			if e := p.queue.Front(); e != nil && (g.probe == noProbe || g.order.Len() == 0) {
-				m = p.queue.Remove(e).(*message)
-				m.qelem = nil
-				break
-			}
-			p.mu.Unlock()
-			select {
-			case <-p.wake:
-			case <-g.failed:
-			case <-p.ctx.Done():
-				return
-			}
-			p.mu.Lock()
-		}
+		m := p.next(g)
 		if m == nil {
-			p.mu.Unlock()
 			return
 		}
-		// Only this goroutine publishes on g.ch, so the tag is exact;
-		// it is recorded before the write so that the confirm, however
-		// fast, finds it.
-		tag := g.ch.GetNextPublishSeqNo()
-		m.gen, m.tag, m.sentAt = g, tag, time.Now()
-		m.attempts++
-		g.inflight[tag] = m
-		m.oelem = g.order.PushBack(m)
-		p.stats.Published++
-		if m.attempts > 1 {
-			p.stats.Republished++
-		}
-		p.mu.Unlock()
-
 		release := g.cg.drain.hold()
 		err := g.ch.PublishWithContext(p.ctx, m.exchange, m.key, m.mandatory, false, m.msg)
 		release()
@@ -654,6 +644,65 @@ func (p *Publisher) send(g *chanGen) {
 			return
 		}
 		// More work is likely queued: do not wait for a wake-up.
+	}
+}
+
+// next waits until g may publish a queued message, and returns it in
+// flight on g; nil once g is retired or failed, or at Close.
+func (p *Publisher) next(g *chanGen) *message {
+	p.mu.Lock()
+	for !g.dead && g.failErr == nil {
+		if m := p.takeLocked(g); m != nil {
+			p.inFlightLocked(g, m)
+			p.mu.Unlock()
+			return m
+		}
+		p.mu.Unlock()
+		select {
+		case <-p.wake:
+		case <-g.failed:
+		case <-p.ctx.Done():
+			return nil
+		}
+		p.mu.Lock()
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// takeLocked removes the first queued message for g to publish; nil when
+// the queue is empty, or when g is a probe channel with a message still
+// unconfirmed. That is the probe rule: a channel opened during a nack
+// storm (see reopenDelay) may nack every publish for as long as it lives,
+// so it carries one message at a time, and a reopen in the storm spends
+// at most one attempt (MaxAttempts) of one message, not one of every
+// queued message (probeFree spends none). confirm lifts the rule at the
+// channel's first ack. Caller holds p.mu.
+func (p *Publisher) takeLocked(g *chanGen) *message {
+	e := p.queue.Front()
+	if e == nil || (g.probe != noProbe && g.order.Len() > 0) {
+		return nil
+	}
+	m := p.queue.Remove(e).(*message)
+	m.qelem = nil
+	return m
+}
+
+// inFlightLocked records m as in flight on g, under the delivery tag its
+// publish will get. Only g's sender publishes on g.ch, so the tag is
+// exact; it is recorded before the write so that the confirm, however
+// fast, finds it. Caller holds p.mu.
+func (p *Publisher) inFlightLocked(g *chanGen, m *message) {
+	tag := g.ch.GetNextPublishSeqNo()
+	m.gen = g
+	m.tag = tag
+	m.sentAt = time.Now()
+	m.attempts++
+	g.inflight[tag] = m
+	m.oelem = g.order.PushBack(m)
+	p.stats.Published++
+	if m.attempts > 1 {
+		p.stats.Republished++
 	}
 }
 
@@ -681,6 +730,9 @@ func (p *Publisher) retireLocked(g *chanGen, cause error) int {
 	return n
 }
 
+// retire is retireLocked for the manager, which does not hold p.mu: it
+// reports the messages put back in the queue as one EventRepublish, and
+// kicks the sender, as confirm does after it requeues a nacked message.
 func (p *Publisher) retire(g *chanGen, cause error) {
 	p.mu.Lock()
 	n := p.retireLocked(g, cause)

@@ -193,7 +193,47 @@ func Install(ctx context.Context, opts Options) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
+	haveReplace, err := m.checkInstall(rep, pin)
+	if err != nil {
+		return rep, err
+	}
+	if err := m.vendorTree(ctx, rep, src); err != nil {
+		return rep, err
+	}
+	required, err := m.require(rep, pin)
+	if err != nil {
+		return rep, err
+	}
+	replaced := false
+	if !haveReplace {
+		if err := m.file.AddReplace(pin.Path, "", m.replacement, ""); err != nil {
+			return rep, err
+		}
+		replaced = true
+		rep.say("go.mod: added replace %s => %s", pin.Path, m.replacement)
+	} else {
+		rep.say("go.mod: replace %s => %s already in place", pin.Path, m.replacement)
+	}
+	if required || replaced {
+		if err := m.writeGoMod(rep); err != nil {
+			return rep, err
+		}
+	}
+	rep.flushWarnings()
+	if rep.Changed() {
+		rep.say("next: run `go mod tidy`%s, then build and test as usual; "+
+			"conn.ReadMode() reports \"upstream\" until you choose a read mode", m.vendorHint())
+	} else {
+		rep.say("install: everything is already in place; nothing written")
+	}
+	return rep, nil
+}
 
+// checkInstall runs Install's checks, before anything is written: the
+// module requires amqp091-go, does not exclude the pinned release, and
+// has no replace of it but Install's own (haveReplace) and no folder in
+// the tree's place that Install did not write.
+func (m *mod) checkInstall(rep *Report, pin upstreamtree.Pin) (haveReplace bool, err error) {
 	var req *modfile.Require
 	for _, r := range m.file.Require {
 		if r.Mod.Path == pin.Path {
@@ -202,16 +242,16 @@ func Install(ctx context.Context, opts Options) (*Report, error) {
 		}
 	}
 	if req == nil {
-		return rep, &NotRequiredError{GoMod: m.gomod, Module: rep.Module, Path: pin.Path, Version: pin.Version}
+		return false, &NotRequiredError{GoMod: m.gomod, Module: rep.Module, Path: pin.Path,
+			Version: pin.Version}
 	}
 	rep.Required = req.Mod.Version
 	for _, x := range m.file.Exclude {
 		if x.Mod.Path == pin.Path && x.Mod.Version == pin.Version {
-			return rep, fmt.Errorf("%s excludes %s %s, the only version the patched build exists for; remove that exclude first",
-				m.gomod, pin.Path, pin.Version)
+			return false, fmt.Errorf("%s excludes %s %s, the only version the patched build exists "+
+				"for; remove that exclude first", m.gomod, pin.Path, pin.Version)
 		}
 	}
-	haveReplace := false
 	for _, r := range m.file.Replace {
 		if r.Old.Path != pin.Path {
 			continue
@@ -222,70 +262,68 @@ func Install(ctx context.Context, opts Options) (*Report, error) {
 		}
 		// Replacing someone else's replace would silently change what the
 		// user builds; make them decide.
-		return rep, fmt.Errorf("%s already has `replace %s => %s`; remove it first "+
+		old := modVersion(r.Old.Path, r.Old.Version)
+		return false, fmt.Errorf("%s already has `replace %s => %s`; remove it first "+
 			"(go mod edit -dropreplace=%s) and run install again",
-			m.gomod, modVersion(r.Old.Path, r.Old.Version), modVersion(r.New.Path, r.New.Version), modVersion(r.Old.Path, r.Old.Version))
+			m.gomod, old, modVersion(r.New.Path, r.New.Version), old)
 	}
-	if err := m.checkTreeDir(); err != nil {
-		return rep, err
-	}
+	return haveReplace, m.checkTreeDir()
+}
 
+// vendorTree builds the patched tree in m.dir, or finds it up to date.
+func (m *mod) vendorTree(ctx context.Context, rep *Report, src upstreamtree.Sources) error {
 	res, err := upstreamtree.Build(ctx, src, m.dir)
 	if err != nil {
-		return rep, fmt.Errorf("vendoring the patched tree into %s: %w", m.show(m.dir), err)
+		return fmt.Errorf("vendoring the patched tree into %s: %w", m.show(m.dir), err)
 	}
 	rep.Rebuilt = res.Rebuilt
-	extras := plural(len(src.Patches), "patch", "patches") + ", " + plural(len(src.Overlay), "overlay file", "overlay files")
+	pin := src.Pin
+	extras := plural(len(src.Patches), "patch", "patches") + ", " +
+		plural(len(src.Overlay), "overlay file", "overlay files")
 	if res.Rebuilt {
-		rep.say("vendored: built %s from %s@%s (hash verified), %s", m.show(m.dir), pin.Path, pin.Version, extras)
+		rep.say("vendored: built %s from %s@%s (hash verified), %s",
+			m.show(m.dir), pin.Path, pin.Version, extras)
 	} else {
 		rep.say("vendored: %s is up to date (%s@%s, %s)", m.show(m.dir), pin.Path, pin.Version, extras)
 	}
+	return nil
+}
 
-	changed := false
-	if rep.Required != pin.Version {
-		// AddRequire rewrites req in place: rep.Required keeps the old one.
-		if err := m.file.AddRequire(pin.Path, pin.Version); err != nil {
-			return rep, err
-		}
-		changed = true
-		rep.say("go.mod: require %s %s -> %s", pin.Path, rep.Required, pin.Version)
-		// The tree is the pinned release and nothing else, so the
-		// requirement follows it; say which way that moved the module.
-		how := "an upgrade (upstream's CHANGELOG.md, in the vendored tree, says what " + pin.Version + " changes)"
-		if semver.Compare(rep.Required, pin.Version) > 0 {
-			how = "a downgrade: anything you use from " + rep.Required + " that " + pin.Version + " lacks will not compile"
-		}
-		rep.warn("module %s required %s %s; the patched build is %s, so the requirement is now %s. This is %s; check that your code builds and its tests pass",
-			rep.Module, pin.Path, rep.Required, pin.Version, pin.Version, how)
-	} else {
+// require moves the module's requirement of amqp091-go to the pinned
+// release, warning which way that moved it; changed reports whether
+// go.mod needs writing.
+func (m *mod) require(rep *Report, pin upstreamtree.Pin) (changed bool, err error) {
+	if rep.Required == pin.Version {
 		rep.say("go.mod: require %s %s already in place", pin.Path, pin.Version)
+		return false, nil
 	}
-	if !haveReplace {
-		if err := m.file.AddReplace(pin.Path, "", m.replacement, ""); err != nil {
-			return rep, err
-		}
-		changed = true
-		rep.say("go.mod: added replace %s => %s", pin.Path, m.replacement)
-	} else {
-		rep.say("go.mod: replace %s => %s already in place", pin.Path, m.replacement)
+	// AddRequire rewrites req in place: rep.Required keeps the old one.
+	if err := m.file.AddRequire(pin.Path, pin.Version); err != nil {
+		return false, err
 	}
-	if changed {
-		if err := m.write(); err != nil {
-			return rep, err
-		}
-		rep.GoModWritten = true
-		rep.say("go.mod: wrote %s", m.gomod)
+	rep.say("go.mod: require %s %s -> %s", pin.Path, rep.Required, pin.Version)
+	// The tree is the pinned release and nothing else, so the
+	// requirement follows it; say which way that moved the module.
+	how := "an upgrade (upstream's CHANGELOG.md, in the vendored tree, says what " +
+		pin.Version + " changes)"
+	if semver.Compare(rep.Required, pin.Version) > 0 {
+		how = "a downgrade: anything you use from " + rep.Required + " that " + pin.Version +
+			" lacks will not compile"
 	}
+	rep.warn("module %s required %s %s; the patched build is %s, so the requirement is now %s. "+
+		"This is %s; check that your code builds and its tests pass",
+		rep.Module, pin.Path, rep.Required, pin.Version, pin.Version, how)
+	return true, nil
+}
 
-	rep.flushWarnings()
-	if rep.Changed() {
-		rep.say("next: run `go mod tidy`%s, then build and test as usual; conn.ReadMode() reports \"upstream\" until you choose a read mode",
-			m.vendorHint())
-	} else {
-		rep.say("install: everything is already in place; nothing written")
+// writeGoMod writes go.mod and records it in the report.
+func (m *mod) writeGoMod(rep *Report) error {
+	if err := m.write(); err != nil {
+		return err
 	}
-	return rep, nil
+	rep.GoModWritten = true
+	rep.say("go.mod: wrote %s", m.gomod)
+	return nil
 }
 
 // Uninstall drops the replace Install added and removes the vendored tree.
@@ -309,66 +347,25 @@ func Uninstall(ctx context.Context, opts Options) (*Report, error) {
 	if err := ctx.Err(); err != nil {
 		return rep, err
 	}
-
-	dropped := false
-	for _, r := range m.file.Replace {
-		if r.Old.Path != pin.Path {
-			continue
-		}
-		target, ok := m.target(r)
-		if !ok || !(samePath(target, m.dir) || (opts.Dir == "" && hasStamp(target))) {
-			rep.warn("go.mod has `replace %s => %s`, which amqp091-drainer did not add; left alone",
-				modVersion(r.Old.Path, r.Old.Version), modVersion(r.New.Path, r.New.Version))
-			continue
-		}
-		// DropReplace zeroes r: keep what it said first.
-		oldVersion, newPath := r.Old.Version, r.New.Path
-		if err := m.file.DropReplace(pin.Path, oldVersion); err != nil {
-			return rep, err
-		}
-		dropped = true
-		m.dir, m.replacement = target, newPath
-		rep.Dir, rep.Replacement = target, newPath
-		rep.say("go.mod: dropped replace %s => %s", modVersion(pin.Path, oldVersion), newPath)
+	dropped, err := m.dropReplaces(rep, pin, opts.Dir == "")
+	if err != nil {
+		return rep, err
 	}
-
 	// go.mod is written before the tree is removed: if the removal fails,
 	// the module builds against upstream and a second run removes the
 	// folder, rather than go.mod pointing at a half-deleted one.
 	if dropped {
-		if err := m.write(); err != nil {
+		if err := m.writeGoMod(rep); err != nil {
 			return rep, err
 		}
-		rep.GoModWritten = true
-		rep.say("go.mod: wrote %s", m.gomod)
 	}
-	if fi, err := os.Stat(m.dir); err == nil {
-		switch {
-		case !fi.IsDir() || !hasStamp(m.dir):
-			rep.warn("%s was not written by amqp091-drainer (it has no %s); left alone", m.show(m.dir), upstreamtree.StampFile)
-		default:
-			if err := os.RemoveAll(m.dir); err != nil {
-				return rep, fmt.Errorf("removing %s: %w", m.show(m.dir), err)
-			}
-			rep.Removed = true
-			rep.say("removed %s", m.show(m.dir))
-			// Tidy up the parent Install created (third_party/) when
-			// nothing else lives there; os.Remove fails on a non-empty
-			// folder, which is exactly the case to leave alone.
-			if parent := filepath.Dir(m.dir); m.inside(parent) && !samePath(parent, m.root) {
-				if os.Remove(parent) == nil {
-					rep.say("removed %s, now empty", m.show(parent))
-				}
-			}
-		}
-	} else if !errors.Is(err, os.ErrNotExist) {
+	if err := m.removeTree(rep); err != nil {
 		return rep, err
 	}
-
 	rep.flushWarnings()
 	if !rep.Changed() {
-		rep.say("uninstall: nothing to undo: go.mod has no replace of %s by amqp091-drainer and %s does not exist",
-			pin.Path, m.show(m.dir))
+		rep.say("uninstall: nothing to undo: go.mod has no replace of %s by amqp091-drainer "+
+			"and %s does not exist", pin.Path, m.show(m.dir))
 		return rep, nil
 	}
 	version := "(none)"
@@ -377,9 +374,70 @@ func Uninstall(ctx context.Context, opts Options) (*Report, error) {
 			version = r.Mod.Version
 		}
 	}
-	rep.say("next: run `go mod tidy`%s; the requirement stays at %s %s (change it with go get if you had another)",
-		m.vendorHint(), pin.Path, version)
+	rep.say("next: run `go mod tidy`%s; the requirement stays at %s %s "+
+		"(change it with go get if you had another)", m.vendorHint(), pin.Path, version)
 	return rep, nil
+}
+
+// dropReplaces drops from go.mod (in memory) each replace of amqp091-go
+// that is Install's, and points m at the tree it named; anyStamp counts a
+// replace of any folder holding a stamp as Install's. A replace Install
+// did not add is left, with a warning.
+func (m *mod) dropReplaces(rep *Report, pin upstreamtree.Pin, anyStamp bool) (bool, error) {
+	dropped := false
+	for _, r := range m.file.Replace {
+		if r.Old.Path != pin.Path {
+			continue
+		}
+		target, ok := m.target(r)
+		if !ok || !(samePath(target, m.dir) || (anyStamp && hasStamp(target))) {
+			rep.warn("go.mod has `replace %s => %s`, which amqp091-drainer did not add; left alone",
+				modVersion(r.Old.Path, r.Old.Version), modVersion(r.New.Path, r.New.Version))
+			continue
+		}
+		// DropReplace zeroes r: keep what it said first.
+		oldVersion, newPath := r.Old.Version, r.New.Path
+		if err := m.file.DropReplace(pin.Path, oldVersion); err != nil {
+			return dropped, err
+		}
+		dropped = true
+		m.dir, m.replacement = target, newPath
+		rep.Dir, rep.Replacement = target, newPath
+		rep.say("go.mod: dropped replace %s => %s", modVersion(pin.Path, oldVersion), newPath)
+	}
+	return dropped, nil
+}
+
+// removeTree removes m.dir when it holds the stamp Install writes, and
+// its parent when that is left empty; a folder without the stamp is left,
+// with a warning, and a missing one is nothing to do.
+func (m *mod) removeTree(rep *Report) error {
+	fi, err := os.Stat(m.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() || !hasStamp(m.dir) {
+		rep.warn("%s was not written by amqp091-drainer (it has no %s); left alone",
+			m.show(m.dir), upstreamtree.StampFile)
+		return nil
+	}
+	if err := os.RemoveAll(m.dir); err != nil {
+		return fmt.Errorf("removing %s: %w", m.show(m.dir), err)
+	}
+	rep.Removed = true
+	rep.say("removed %s", m.show(m.dir))
+	// Tidy up the parent Install created (third_party/) when nothing else
+	// lives there; os.Remove fails on a non-empty folder, which is exactly
+	// the case to leave alone.
+	if parent := filepath.Dir(m.dir); m.inside(parent) && !samePath(parent, m.root) {
+		if os.Remove(parent) == nil {
+			rep.say("removed %s, now empty", m.show(parent))
+		}
+	}
+	return nil
 }
 
 // mod is the user's module as Install and Uninstall see it.

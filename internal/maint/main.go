@@ -1,11 +1,20 @@
 // Command maint holds the maintainers' commands for following upstream,
 // run from the checkout's root by the scripts named after them:
 //
-//	scripts/rebase [--accept-drift] [--full] [--dry-run] VERSION   move to a new amqp091-go release (internal/rebase)
-//	scripts/drift [--accept]                           check, or record, the drift guards' fingerprints (internal/drift)
-//	scripts/overlay-names [--check]                    rewrite, or check, PATCHES.md's list of upstream names the overlay uses
-//	go run ./internal/maint overlay-size [-check]            print the overlay's size and its functions over 60 lines (-check: fail on one)
-//	go run ./internal/maint latest                     print the newest release on the module proxy, and the pinned one
+//	scripts/rebase [--accept-drift] [--full] [--dry-run] VERSION
+//	    move to a new amqp091-go release (internal/rebase)
+//	scripts/drift [--accept]
+//	    check, or record, the drift guards' fingerprints (internal/drift)
+//	scripts/overlay-names [--check]
+//	    rewrite, or check, PATCHES.md's list of upstream names the overlay uses
+//	go run ./internal/maint overlay-size [-check]
+//	    print the overlay's code lines against their budget, its comment share, its lines
+//	    over 100 characters and its functions over 60 lines (-check: fail on a rule broken)
+//	go run ./internal/maint func-length [-check]
+//	    print the functions over 60 lines in failover/, compat/ and internal/ (-check: fail
+//	    on one)
+//	go run ./internal/maint latest
+//	    print the newest release on the module proxy, and the pinned one
 //
 // It builds from the root module alone (GOWORK=off), as internal/bootstrap
 // does, so that it runs before the vendored tree exists.
@@ -38,6 +47,7 @@ const usage = `usage (from the checkout's root):
   maint drift [-accept]
   maint overlay-names [-check]
   maint overlay-size [-check]
+  maint func-length [-check]
   maint latest`
 
 func main() {
@@ -56,6 +66,8 @@ func main() {
 		err = runNames(ctx, os.Args[2:])
 	case "overlay-size":
 		err = runSize(os.Args[2:])
+	case "func-length":
+		err = runFuncLength(os.Args[2:])
 	case "latest":
 		err = runLatest(ctx)
 	default:
@@ -77,10 +89,13 @@ var errIncomplete = errors.New("see the report above")
 
 func runRebase(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("rebase", flag.ContinueOnError)
-	accept := fs.Bool("accept-drift", false, "record the new fingerprints of the guarded upstream functions the release changed (after reviewing them)")
-	full := fs.Bool("full", false, "also run upstream's whole suite, pristine and in every read mode (needs RabbitMQ)")
+	accept := fs.Bool("accept-drift", false, "record the new fingerprints of the guarded upstream "+
+		"functions the release changed (after reviewing them)")
+	full := fs.Bool("full", false, "also run upstream's whole suite, pristine and in every read mode "+
+		"(needs RabbitMQ)")
 	dryRun := fs.Bool("dry-run", false, "report what the release would change, and write nothing")
-	reportFile := fs.String("report", "", "also write the report here (default .cache/rebase/report-VERSION.txt)")
+	reportFile := fs.String("report", "",
+		"also write the report here (default .cache/rebase/report-VERSION.txt)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,7 +107,8 @@ func runRebase(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	rep := rebase.Run(ctx, rebase.Options{Root: root, Version: version, AcceptDrift: *accept, Full: *full, DryRun: *dryRun, Log: os.Stderr})
+	rep := rebase.Run(ctx, rebase.Options{Root: root, Version: version, AcceptDrift: *accept,
+		Full: *full, DryRun: *dryRun, Log: os.Stderr})
 	var buf bytes.Buffer
 	rep.Print(&buf)
 	os.Stdout.Write(buf.Bytes())
@@ -113,7 +129,8 @@ func runRebase(ctx context.Context, args []string) error {
 
 func runDrift(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("drift", flag.ContinueOnError)
-	accept := fs.Bool("accept", false, "record the fingerprints of the pinned release (after reviewing its changes)")
+	accept := fs.Bool("accept", false,
+		"record the fingerprints of the pinned release (after reviewing its changes)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -137,13 +154,15 @@ func runDrift(ctx context.Context, args []string) error {
 	if len(found) > 0 {
 		return fmt.Errorf("%d of %d guards differ from upstream %s", len(found), len(guards), version)
 	}
-	fmt.Printf("drift: all %d guarded upstream functions are as fingerprinted at %s\n", len(guards), version)
+	fmt.Printf("drift: all %d guarded upstream functions are as fingerprinted at %s\n",
+		len(guards), version)
 	return nil
 }
 
 func runNames(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("overlay-names", flag.ContinueOnError)
-	check := fs.Bool("check", false, "exit non-zero when PATCHES.md's list is out of date, instead of rewriting it")
+	check := fs.Bool("check", false,
+		"exit non-zero when PATCHES.md's list is out of date, instead of rewriting it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -165,12 +184,14 @@ func runNames(ctx context.Context, args []string) error {
 		fmt.Printf("overlay-names: PATCHES.md lists the %d upstream names the overlay uses\n", len(used))
 		return nil
 	case *check:
-		return errors.New("PATCHES.md's list of the upstream names the overlay uses is out of date: run scripts/overlay-names")
+		return errors.New("PATCHES.md's list of the upstream names the overlay uses is out of date: " +
+			"run scripts/overlay-names")
 	}
 	if err := os.WriteFile(doc, updated, 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("overlay-names: PATCHES.md now lists the %d upstream names the overlay uses\n", len(used))
+	fmt.Printf("overlay-names: PATCHES.md now lists the %d upstream names the overlay uses\n",
+		len(used))
 	return nil
 }
 
@@ -198,22 +219,25 @@ func runLatest(ctx context.Context) error {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("asking the module proxy for %s@latest: %v: %s", pin.Path, err, strings.TrimSpace(stderr.String()))
+		return fmt.Errorf("asking the module proxy for %s@latest: %v: %s",
+			pin.Path, err, strings.TrimSpace(stderr.String()))
 	}
 	var info struct{ Version string }
 	if err := json.Unmarshal(out, &info); err != nil {
 		return err
 	}
-	fmt.Printf("latest=%s pinned=%s newer=%t\n", info.Version, pin.Version, semver.Compare(info.Version, pin.Version) > 0)
+	newer := semver.Compare(info.Version, pin.Version) > 0
+	fmt.Printf("latest=%s pinned=%s newer=%t\n", info.Version, pin.Version, newer)
 	return nil
 }
 
-// runSize prints the overlay's size and its functions over
-// overlaysize.MaxFuncLines; -check fails when one is not a table, or when
-// the overlay is over overlaysize.MaxLines.
+// runSize prints the overlay's size, its lines over overlaysize.MaxWidth
+// and its functions over overlaysize.MaxFuncLines; -check fails when the
+// overlay breaks one of overlaysize's rules (Report.Check).
 func runSize(args []string) error {
 	fs := flag.NewFlagSet("overlay-size", flag.ContinueOnError)
-	check := fs.Bool("check", false, "exit non-zero when a function other than a table is over the bound, or the overlay over its line budget")
+	check := fs.Bool("check", false, "exit non-zero when the overlay is over its code budget, "+
+		"has too many long lines, or a function other than a table over the bound")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -222,11 +246,39 @@ func runSize(args []string) error {
 		return err
 	}
 	fmt.Print(r)
-	if long := r.Long(); *check && len(long) > 0 {
-		return fmt.Errorf("%d overlay functions are over %d lines: split them into named steps", len(long), overlaysize.MaxFuncLines)
+	if *check {
+		return r.Check()
 	}
-	if *check && r.Code.Total > overlaysize.MaxLines {
-		return fmt.Errorf("the overlay is %d lines, over its budget of %d", r.Code.Total, overlaysize.MaxLines)
+	return nil
+}
+
+// runFuncLength prints the functions over overlaysize.MaxFuncLines in the
+// module's folders of overlaysize.TreeDirs, tables aside; -check fails on
+// one.
+func runFuncLength(args []string) error {
+	fs := flag.NewFlagSet("func-length", flag.ContinueOnError)
+	check := fs.Bool("check", false,
+		"exit non-zero when a function other than a table is over the bound")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	long, err := overlaysize.Tree(".", overlaysize.TreeDirs...)
+	if err != nil {
+		return err
+	}
+	where := strings.Join(overlaysize.TreeDirs, "/, ") + "/"
+	if len(long) == 0 {
+		fmt.Printf("functions over %d lines in %s: none\n", overlaysize.MaxFuncLines, where)
+		return nil
+	}
+	fmt.Printf("functions over %d lines in %s: %d\n", overlaysize.MaxFuncLines, where, len(long))
+	for _, f := range long {
+		fmt.Printf("  %4d %s (%s:%d)\n", f.Lines, f.Name, f.File, f.Line)
+	}
+	if *check {
+		return fmt.Errorf("%d functions are over %d lines: split them into named steps "+
+			"(or name a table in overlaysize.TreeTables, with the reason)",
+			len(long), overlaysize.MaxFuncLines)
 	}
 	return nil
 }

@@ -123,27 +123,10 @@ func Used(patchedDir string, overlayFiles []string, pristine map[Name]string) ([
 	if err != nil {
 		return nil, err
 	}
-
-	byName := make(map[string]*ast.File, len(files))
-	for _, f := range files {
-		byName[fileName(fset, f.Pos())] = f
+	overlay, walk, err := overlayOf(fset, files, overlayFiles, patchedDir)
+	if err != nil {
+		return nil, err
 	}
-	overlay := make(map[string]bool, len(overlayFiles))
-	var walk []*ast.File
-	for _, name := range overlayFiles {
-		if strings.HasSuffix(name, "_test.go") {
-			continue
-		}
-		f, ok := byName[name]
-		if !ok {
-			return nil, fmt.Errorf("overlay file %q is not a non-test Go file of the package in %s", name, patchedDir)
-		}
-		if !overlay[name] {
-			overlay[name] = true
-			walk = append(walk, f)
-		}
-	}
-
 	// Uses alone suffices: go/types records the object of every identifier
 	// that refers to one, a selector's Sel included (so fields and methods,
 	// promoted ones at their declaration), and Defs maps each declaring
@@ -156,42 +139,70 @@ func Used(patchedDir string, overlayFiles []string, pristine map[Name]string) ([
 	if _, err := conf.Check(files[0].Name.Name, fset, files, info); err != nil {
 		return nil, fmt.Errorf("type-checking %s: %w", patchedDir, err)
 	}
-
 	names := make(map[types.Object]Name)
 	eachDecl(files, func(d decl) {
 		if obj := info.Defs[d.ident]; obj != nil {
 			names[obj] = d.name
 		}
 	})
-
 	seen := make(map[Name]bool)
 	for _, f := range walk {
 		ast.Inspect(f, func(n ast.Node) bool {
-			id, ok := n.(*ast.Ident)
-			if !ok {
-				return true
-			}
-			obj := origin(info.Uses[id])
-			if obj == nil || obj.Exported() || overlay[fileName(fset, obj.Pos())] {
-				return true
-			}
-			name, ok := names[obj]
-			if !ok {
-				return true // a local, a parameter, a label, or another package's name
-			}
-			if _, ok := pristine[name]; ok {
-				seen[name] = true
+			if id, ok := n.(*ast.Ident); ok {
+				if name, ok := upstreamName(fset, info, names, overlay, id); ok {
+					if _, ok := pristine[name]; ok {
+						seen[name] = true
+					}
+				}
 			}
 			return true
 		})
 	}
-
 	out := make([]Name, 0, len(seen))
 	for name := range seen {
 		out = append(out, name)
 	}
 	Sort(out)
 	return out, nil
+}
+
+// overlayOf picks out of the package's files the overlay's, named by
+// overlayFiles, skipping test files; overlay holds their base names, and
+// walk has each once.
+func overlayOf(fset *token.FileSet, files []*ast.File, overlayFiles []string,
+	patchedDir string) (overlay map[string]bool, walk []*ast.File, err error) {
+	byName := make(map[string]*ast.File, len(files))
+	for _, f := range files {
+		byName[fileName(fset, f.Pos())] = f
+	}
+	overlay = make(map[string]bool, len(overlayFiles))
+	for _, name := range overlayFiles {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, ok := byName[name]
+		if !ok {
+			return nil, nil, fmt.Errorf("overlay file %q is not a non-test Go file of the package in %s",
+				name, patchedDir)
+		}
+		if !overlay[name] {
+			overlay[name] = true
+			walk = append(walk, f)
+		}
+	}
+	return overlay, walk, nil
+}
+
+// upstreamName returns the name of what id refers to when that is an
+// unexported name declared in the package outside the overlay files.
+func upstreamName(fset *token.FileSet, info *types.Info, names map[types.Object]Name,
+	overlay map[string]bool, id *ast.Ident) (Name, bool) {
+	obj := origin(info.Uses[id])
+	if obj == nil || obj.Exported() || overlay[fileName(fset, obj.Pos())] {
+		return Name{}, false
+	}
+	name, ok := names[obj] // not there: a local, a parameter, a label, or another package's name
+	return name, ok
 }
 
 // Sort sorts names as Used returns them: by kind, in the order of the Kind

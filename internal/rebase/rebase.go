@@ -147,6 +147,8 @@ func Run(ctx context.Context, opts Options) *Report {
 
 const modulePath = "github.com/rabbitmq/amqp091-go"
 
+// run takes the steps of the package documentation in order, filling rep
+// as it goes; its error is what stopped it early.
 func run(ctx context.Context, opts Options, rep *Report) error {
 	logf := func(format string, args ...any) { fmt.Fprintf(opts.Log, "rebase: "+format+"\n", args...) }
 	if !semver.IsValid(opts.Version) || semver.Canonical(opts.Version) != opts.Version {
@@ -157,31 +159,17 @@ func run(ctx context.Context, opts Options, rep *Report) error {
 	if rep.From, err = upstreamtree.ReadPin(root); err != nil {
 		return err
 	}
-
-	logf("fetching %s@%s (pinned) and @%s through the Go module proxy", modulePath, rep.From.Version, opts.Version)
-	oldZip, err := upstreamtree.Fetch(ctx, rep.From)
-	if err != nil {
-		return err
-	}
-	newZip, newHash, err := upstreamtree.FetchVersion(ctx, modulePath, opts.Version)
-	if err != nil {
-		return err
-	}
-	rep.To = upstreamtree.Pin{Path: modulePath, Version: opts.Version, Hash: newHash}
-
 	scratch, err := os.MkdirTemp("", "amqp091-rebase-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(scratch)
-	oldTree, newTree := filepath.Join(scratch, "old"), filepath.Join(scratch, "new")
-	if err := upstreamtree.Extract(rep.From, oldZip, oldTree); err != nil {
+	logf("fetching %s@%s (pinned) and @%s through the Go module proxy",
+		modulePath, rep.From.Version, opts.Version)
+	oldTree, newTree, err := fetchTrees(ctx, scratch, opts.Version, rep)
+	if err != nil {
 		return err
 	}
-	if err := upstreamtree.Extract(rep.To, newZip, newTree); err != nil {
-		return err
-	}
-
 	patches, err := readPatches(filepath.Join(root, "upstream", "patches"))
 	if err != nil {
 		return err
@@ -195,7 +183,6 @@ func run(ctx context.Context, opts Options, rep *Report) error {
 		logf("the patches do not apply to %s: nothing written", opts.Version)
 		return nil
 	}
-
 	formatted, err := formatPatches(ctx, scratch, states, headers)
 	if err != nil {
 		return fmt.Errorf("writing the patches: %w", err)
@@ -203,25 +190,47 @@ func run(ctx context.Context, opts Options, rep *Report) error {
 	for i, p := range patches {
 		rep.Patches = append(rep.Patches, comparePatch(p, formatted[i]))
 	}
-
 	if err := checkDrift(ctx, root, oldTree, newTree, opts, rep); err != nil {
 		return err
 	}
 	if opts.DryRun {
 		return nil
 	}
-
 	if err := write(ctx, root, opts, rep, patches, formatted); err != nil {
 		return err
 	}
 	verify(ctx, opts, rep, logf)
 	if err := checkNames(root, oldTree, newTree, rep); err != nil {
-		rep.Steps = append(rep.Steps, Step{Name: "list the upstream names the overlay uses (PATCHES.md)", Tail: err.Error()})
+		rep.Steps = append(rep.Steps, Step{Name: "list the upstream names the overlay uses (PATCHES.md)",
+			Tail: err.Error()})
 	}
 	if rep.From.Version != rep.To.Version {
 		rep.Mentions = mentions(ctx, root, rep.From.Version)
 	}
 	return nil
+}
+
+// fetchTrees fetches the pinned release (rep.From) and version through
+// the module proxy, sets rep.To, and extracts both under scratch.
+func fetchTrees(ctx context.Context, scratch, version string,
+	rep *Report) (oldTree, newTree string, err error) {
+	oldZip, err := upstreamtree.Fetch(ctx, rep.From)
+	if err != nil {
+		return "", "", err
+	}
+	newZip, newHash, err := upstreamtree.FetchVersion(ctx, modulePath, version)
+	if err != nil {
+		return "", "", err
+	}
+	rep.To = upstreamtree.Pin{Path: modulePath, Version: version, Hash: newHash}
+	oldTree, newTree = filepath.Join(scratch, "old"), filepath.Join(scratch, "new")
+	if err := upstreamtree.Extract(rep.From, oldZip, oldTree); err != nil {
+		return "", "", err
+	}
+	if err := upstreamtree.Extract(rep.To, newZip, newTree); err != nil {
+		return "", "", err
+	}
+	return oldTree, newTree, nil
 }
 
 type patchFile struct {
@@ -253,12 +262,42 @@ func readPatches(dir string) ([]patchFile, error) {
 // pinned one (the committed state, and the base of any three-way merge),
 // hunk by hunk to the new one. It returns the new release's touched files
 // before the patches (states[0]) and after each, and each patch's header.
-func applyAll(ctx context.Context, scratch, oldTree, newTree string, rep *Report, patches []patchFile) ([]map[string]string, []*gitdiff.PatchHeader, error) {
-	type parsed struct {
-		files  []*gitdiff.File
-		header *gitdiff.PatchHeader
+func applyAll(ctx context.Context, scratch, oldTree, newTree string, rep *Report,
+	patches []patchFile) ([]map[string]string, []*gitdiff.PatchHeader, error) {
+	all, touched, err := parsePatches(patches)
+	if err != nil {
+		return nil, nil, err
 	}
-	var all []parsed
+	oldState, newState, err := readStates(oldTree, newTree, touched)
+	if err != nil {
+		return nil, nil, err
+	}
+	a := applier{ctx: ctx, scratch: scratch, rep: rep, oldState: oldState, newState: newState}
+	states := []map[string]string{clone(newState)}
+	var headers []*gitdiff.PatchHeader
+	for i, p := range all {
+		for _, f := range p.files {
+			if err := a.apply(patches[i].name, f); err != nil {
+				return nil, nil, err
+			}
+		}
+		states = append(states, clone(newState))
+		headers = append(headers, p.header)
+	}
+	return states, headers, nil
+}
+
+// parsedPatch is a patch file's changes and its format-patch header.
+type parsedPatch struct {
+	files  []*gitdiff.File
+	header *gitdiff.PatchHeader
+}
+
+// parsePatches parses each patch, and returns the files they touch. A
+// rebase handles changes to existing text files only, each patch with the
+// header git format-patch writes, so that the rewritten patch keeps it.
+func parsePatches(patches []patchFile) ([]parsedPatch, map[string]bool, error) {
+	var all []parsedPatch
 	touched := map[string]bool{}
 	for _, p := range patches {
 		files, preamble, err := gitdiff.Parse(bytes.NewReader(p.data))
@@ -267,61 +306,82 @@ func applyAll(ctx context.Context, scratch, oldTree, newTree string, rep *Report
 		}
 		header, err := gitdiff.ParsePatchHeader(preamble)
 		if err != nil || header.Author == nil {
-			return nil, nil, fmt.Errorf("patch %s: want a git format-patch header (From:, Date:, Subject:): %v", p.name, err)
+			return nil, nil, fmt.Errorf("patch %s: want a git format-patch header "+
+				"(From:, Date:, Subject:): %v", p.name, err)
 		}
 		for _, f := range files {
 			if f.IsBinary || f.IsNew || f.IsDelete || f.IsRename || f.IsCopy {
-				return nil, nil, fmt.Errorf("patch %s: %s: a rebase handles changes to existing text files only", p.name, f.NewName)
+				return nil, nil, fmt.Errorf("patch %s: %s: a rebase handles changes to existing "+
+					"text files only", p.name, f.NewName)
 			}
 			touched[f.NewName] = true
 		}
-		all = append(all, parsed{files, header})
+		all = append(all, parsedPatch{files, header})
 	}
-	oldState, newState := map[string]string{}, map[string]string{}
+	return all, touched, nil
+}
+
+// readStates reads the touched files of both releases. The pinned one
+// must have each; the new one may lack some (apply reports that).
+func readStates(oldTree, newTree string,
+	touched map[string]bool) (oldState, newState map[string]string, err error) {
+	oldState, newState = map[string]string{}, map[string]string{}
 	for name := range touched {
 		o, err := os.ReadFile(filepath.Join(oldTree, filepath.FromSlash(name)))
 		if err != nil {
-			return nil, nil, fmt.Errorf("the patches change %s, which the pinned release lacks: %w", name, err)
+			return nil, nil, fmt.Errorf("the patches change %s, which the pinned release lacks: %w",
+				name, err)
 		}
 		oldState[name] = string(o)
 		if n, err := os.ReadFile(filepath.Join(newTree, filepath.FromSlash(name))); err == nil {
 			newState[name] = string(n)
 		}
 	}
-	states := []map[string]string{clone(newState)}
-	var headers []*gitdiff.PatchHeader
-	for i, p := range all {
-		for _, f := range p.files {
-			name := f.NewName
-			var oldPost bytes.Buffer
-			if err := gitdiff.Apply(&oldPost, strings.NewReader(oldState[name]), f); err != nil {
-				return nil, nil, fmt.Errorf("patch %s does not apply to the pinned %s itself (%s: %v); run make vendor to see", patches[i].name, rep.From.Version, name, err)
-			}
-			newPre, exists := newState[name]
-			if !exists {
-				for j := range f.TextFragments {
-					rep.Hunks = append(rep.Hunks, Hunk{Patch: patches[i].name, File: name, Index: j + 1,
-						Header: strings.TrimRight(f.TextFragments[j].Header(), "\n"), Status: Conflict,
-						Detail: fmt.Sprintf("%s is gone from %s", name, rep.To.Version)})
-				}
-				continue
-			}
-			newPost, hunks, ok := place(patches[i].name, f, newPre)
-			if !ok {
-				merged, conflicts, err := merge3(ctx, scratch, name, oldState[name], oldPost.String(), newPre, rep.From.Version, rep.To.Version)
-				if err != nil {
-					return nil, nil, err
-				}
-				resolve(hunks, conflicts)
-				newPost = merged
-			}
-			rep.Hunks = append(rep.Hunks, hunks...)
-			oldState[name], newState[name] = oldPost.String(), newPost
-		}
-		states = append(states, clone(newState))
-		headers = append(headers, p.header)
+	return oldState, newState, nil
+}
+
+// applier carries both releases' files, as the patches applied so far
+// left them, from one patched file to the next.
+type applier struct {
+	ctx                context.Context
+	scratch            string
+	rep                *Report
+	oldState, newState map[string]string
+}
+
+// apply applies one file's changes of the patch named patch: exactly to
+// the pinned release, hunk by hunk to the new one, and by a three-way
+// merge where a hunk finds no place. Each hunk lands in the report.
+func (a *applier) apply(patch string, f *gitdiff.File) error {
+	rep, name := a.rep, f.NewName
+	var oldPost bytes.Buffer
+	if err := gitdiff.Apply(&oldPost, strings.NewReader(a.oldState[name]), f); err != nil {
+		return fmt.Errorf("patch %s does not apply to the pinned %s itself (%s: %v); "+
+			"run make vendor to see", patch, rep.From.Version, name, err)
 	}
-	return states, headers, nil
+	newPre, exists := a.newState[name]
+	if !exists {
+		for j := range f.TextFragments {
+			rep.Hunks = append(rep.Hunks, Hunk{Patch: patch, File: name, Index: j + 1,
+				Header: strings.TrimRight(f.TextFragments[j].Header(), "\n"), Status: Conflict,
+				Detail: fmt.Sprintf("%s is gone from %s", name, rep.To.Version)})
+		}
+		return nil
+	}
+	newPost, hunks, ok := place(patch, f, newPre)
+	if !ok {
+		merged, conflicts, err := merge3(a.ctx, a.scratch, name, a.oldState[name], oldPost.String(),
+			newPre, rep.From.Version, rep.To.Version)
+		if err != nil {
+			return err
+		}
+		resolve(hunks, conflicts)
+		newPost = merged
+	}
+	rep.Hunks = append(rep.Hunks, hunks...)
+	a.oldState[name] = oldPost.String()
+	a.newState[name] = newPost
+	return nil
 }
 
 // resolve marks the hunks place could not put anywhere: merged, when the

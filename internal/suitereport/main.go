@@ -109,16 +109,14 @@ func main() {
 	os.Exit(code)
 }
 
+// run reports the run in jsonFile: the summary line and each test that did
+// not pass, ours apart, and the comparison with reference. Its code is 1
+// when a test failed, the run did not finish, or the list differs.
 func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writer) (int, error) {
 	if jsonFile == "" {
 		return 0, fmt.Errorf("-json is required")
 	}
-	f, err := os.Open(jsonFile)
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	results, finished, wall, err := parse(f)
+	results, finished, wall, err := parseFile(jsonFile)
 	if err != nil {
 		return 0, err
 	}
@@ -126,7 +124,6 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 	if err != nil {
 		return 0, err
 	}
-
 	var theirs, mine []outcome
 	for _, r := range results {
 		if ours[strings.SplitN(r.name, "/", 2)[0]] {
@@ -141,8 +138,41 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 			return 0, err
 		}
 	}
-
 	code := 0
+	if summarize(out, label, theirs, mine, wall) > 0 {
+		code = 1
+	}
+	if !finished {
+		fmt.Fprintln(out, "the test binary did not finish (crash, panic or timeout): see the raw output")
+		unfinished = 1
+		code = 1
+	}
+	if reference != "" {
+		same, err := compareReference(out, reference, exclude, list)
+		if err != nil {
+			return 0, err
+		}
+		if !same {
+			code = 1
+		}
+	}
+	return code, nil
+}
+
+// parseFile parses the test2json output in the file named jsonFile.
+func parseFile(jsonFile string) (results []outcome, finished bool, wall time.Duration, err error) {
+	f, err := os.Open(jsonFile)
+	if err != nil {
+		return nil, false, 0, err
+	}
+	defer f.Close()
+	return parse(f)
+}
+
+// summarize prints the summary line of upstream's tests (theirs) with each
+// that did not pass, then our overlay's (mine) with each failure, then the
+// repeated runs; it returns how many failed, of both.
+func summarize(out io.Writer, label string, theirs, mine []outcome, wall time.Duration) (fail int) {
 	pass, fail, skip := count(theirs)
 	fmt.Fprintf(out, "%s: %d passed, %d failed, %d skipped (%d top-level tests) in %s\n",
 		label, pass, fail, skip, topLevel(theirs), wall.Round(time.Second))
@@ -164,34 +194,29 @@ func run(jsonFile, oursDir, write, reference, exclude, label string, out io.Writ
 		}
 	}
 	printRepeated(out, theirs)
-	if fail > 0 {
-		code = 1
+	return fail
+}
+
+// compareReference compares the outcome list with the reference file,
+// both without the tests exclude names, and prints the difference.
+func compareReference(out io.Writer, reference, exclude, list string) (same bool, err error) {
+	want, err := os.ReadFile(reference)
+	if err != nil {
+		return false, err
 	}
-	if !finished {
-		fmt.Fprintln(out, "the test binary did not finish (crash, panic or timeout): see the raw output")
-		unfinished = 1
-		code = 1
+	excluded, err := excludedTests(exclude)
+	if err != nil {
+		return false, err
 	}
-	if reference != "" {
-		want, err := os.ReadFile(reference)
-		if err != nil {
-			return 0, err
-		}
-		excluded, err := excludedTests(exclude)
-		if err != nil {
-			return 0, err
-		}
-		if len(excluded) > 0 {
-			fmt.Fprintf(out, "%d top-level tests excluded for this read mode (%s)\n", len(excluded), exclude)
-		}
-		if diff := compare(dropExcluded(string(want), excluded), list); diff != "" {
-			fmt.Fprintf(out, "differs from the reference %s:\n%s", reference, diff)
-			code = 1
-		} else {
-			fmt.Fprintf(out, "same outcomes as the reference %s\n", reference)
-		}
+	if len(excluded) > 0 {
+		fmt.Fprintf(out, "%d top-level tests excluded for this read mode (%s)\n", len(excluded), exclude)
 	}
-	return code, nil
+	if diff := compare(dropExcluded(string(want), excluded), list); diff != "" {
+		fmt.Fprintf(out, "differs from the reference %s:\n%s", reference, diff)
+		return false, nil
+	}
+	fmt.Fprintf(out, "same outcomes as the reference %s\n", reference)
+	return true, nil
 }
 
 // normalizeIDs is -normalize-ids; unfinished is 1 once run saw a run that
@@ -288,54 +313,17 @@ func printRepeated(out io.Writer, rs []outcome) {
 // reports, apart, the failures the baseline shares (not judged) and the
 // regressions: tests that failed here and passed in the baseline or have no
 // outcome there. It exits 1 when there is a regression.
-func judge(jsonFile, baseline, regressionsFile string, excluded map[string]bool, out io.Writer) (int, error) {
-	f, err := os.Open(jsonFile)
+func judge(jsonFile, baseline, regressionsFile string, excluded map[string]bool,
+	out io.Writer) (int, error) {
+	results, _, _, err := parseFile(jsonFile)
 	if err != nil {
 		return 0, err
 	}
-	defer f.Close()
-	results, _, _, err := parse(f)
+	base, err := readBaseline(baseline, excluded)
 	if err != nil {
 		return 0, err
 	}
-	data, err := os.ReadFile(baseline)
-	if err != nil {
-		return 0, err
-	}
-	base := map[string]string{}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && !strings.HasPrefix(f[0], "#") && !excluded[strings.SplitN(f[1], "/", 2)[0]] {
-			base[f[1]] = strings.ToLower(f[0])
-		}
-	}
-	var shared, regressed, fixed []string
-	ran := map[string]bool{}
-	for _, r := range results {
-		ran[r.name] = true
-	}
-	for name, b := range base {
-		if !ran[name] && b != "fail" {
-			// a build failure or a crash runs nothing: that is no pass.
-			regressed = append(regressed, name+" (did not run here; "+b+" in the baseline)")
-		}
-	}
-	sort.Strings(regressed)
-	for _, r := range results {
-		switch {
-		case r.action == "fail" && base[r.name] == "fail":
-			shared = append(shared, r.name)
-		case r.action == "fail":
-			why := "passed in the baseline"
-			if b, ok := base[r.name]; !ok {
-				why = "no outcome in the baseline"
-			} else if b == "skip" {
-				why = "skipped in the baseline"
-			}
-			regressed = append(regressed, r.name+" ("+why+")")
-		case r.action == "pass" && base[r.name] == "fail":
-			fixed = append(fixed, r.name)
-		}
-	}
+	shared, regressed, fixed := classify(results, base)
 	for _, l := range []struct {
 		head  string
 		names []string
@@ -365,6 +353,57 @@ func judge(jsonFile, baseline, regressionsFile string, excluded map[string]bool,
 	}
 	fmt.Fprintf(out, "no regression against the baseline %s\n", baseline)
 	return 0, nil
+}
+
+// readBaseline reads an outcome list into test name → pass, fail or skip,
+// leaving out comments and the top-level tests in excluded.
+func readBaseline(baseline string, excluded map[string]bool) (map[string]string, error) {
+	data, err := os.ReadFile(baseline)
+	if err != nil {
+		return nil, err
+	}
+	base := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && !strings.HasPrefix(f[0], "#") && !excluded[strings.SplitN(f[1], "/", 2)[0]] {
+			base[f[1]] = strings.ToLower(f[0])
+		}
+	}
+	return base, nil
+}
+
+// classify sorts the run's outcomes against the baseline: failures the
+// baseline shares, regressions (each with why), and failures fixed here.
+// The regressions that did not run here come first, sorted.
+func classify(results []outcome, base map[string]string) (shared, regressed, fixed []string) {
+	ran := map[string]bool{}
+	for _, r := range results {
+		ran[r.name] = true
+	}
+	for name, b := range base {
+		if !ran[name] && b != "fail" {
+			// a build failure or a crash runs nothing: that is no pass.
+			regressed = append(regressed, name+" (did not run here; "+b+" in the baseline)")
+		}
+	}
+	sort.Strings(regressed)
+	for _, r := range results {
+		switch {
+		case r.action == "fail" && base[r.name] == "fail":
+			shared = append(shared, r.name)
+		case r.action == "fail":
+			why := "passed in the baseline"
+			if b, ok := base[r.name]; !ok {
+				why = "no outcome in the baseline"
+			} else if b == "skip" {
+				why = "skipped in the baseline"
+			}
+			regressed = append(regressed, r.name+" ("+why+")")
+		case r.action == "pass" && base[r.name] == "fail":
+			fixed = append(fixed, r.name)
+		}
+	}
+	return shared, regressed, fixed
 }
 
 // printTail repeats a failed test's last output lines under its name.

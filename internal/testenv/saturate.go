@@ -26,65 +26,87 @@ func SaturateAndClose(t testing.TB, conn *amqp.Connection) (after, before int64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var begun atomic.Bool // DrainEvents returned ErrClosedIntentionally
-	var received, afterBegun atomic.Int64
-	busy := make(chan struct{}) // closed at the 2,000th delivery
+	s := &saturation{busy: make(chan struct{})}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() {
 		defer wg.Done()
-		for range deliveries {
-			if received.Add(1) == 2000 {
-				close(busy)
-			}
-			if begun.Load() {
-				afterBegun.Add(1)
-			}
-		}
+		s.consume(deliveries)
 	}()
 	go func() {
 		defer wg.Done()
-		body := make([]byte, 1024)
-		for publisherCh.PublishWithContext(context.Background(), "", q, false, false, amqp.Publishing{Body: body}) == nil {
-		}
+		publishUntilClosed(publisherCh, q)
 	}()
 	go func() {
 		defer wg.Done()
-		for {
-			// Bounded, as a legacy application's drain loop is (and as
-			// LegacyOptions.AutoDrain's 50 ms): in plain legacy mode a
-			// write waits for the read in progress, and an unbounded read
-			// would hold the publisher back whenever the broker has
-			// nothing in flight, until the next heartbeat (a run of
-			// 2026-12-03 got 711 deliveries in 30 s that way).
-			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-			err := conn.DrainEvents(ctx)
-			cancel()
-			if errors.Is(err, context.DeadlineExceeded) {
-				continue
-			}
-			if errors.Is(err, amqp.ErrClosedIntentionally) {
-				begun.Store(true)
-				return
-			}
-			if err != nil {
-				t.Errorf("DrainEvents = %v before Close", err)
-				return
-			}
-		}
+		s.drainUntilClose(t, conn)
 	}()
 	select {
-	case <-busy:
+	case <-s.busy:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("the consumer received only %d deliveries in 30s", received.Load())
+		t.Fatalf("the consumer received only %d deliveries in 30s", s.received.Load())
 	}
-	before = received.Load()
+	before = s.received.Load()
 	if err := conn.Close(); err != nil && !errors.Is(err, amqp.ErrClosed) {
 		t.Logf("Close = %v", err) // the watchdog, on a broker too slow with the backlog: still bounded
 	}
 	wg.Wait()
-	if !begun.Load() {
+	if !s.begun.Load() {
 		t.Fatal("DrainEvents never returned ErrClosedIntentionally")
 	}
-	return afterBegun.Load(), before
+	return s.afterBegun.Load(), before
+}
+
+// saturation is what SaturateAndClose's consumer and drain loop share.
+type saturation struct {
+	begun      atomic.Bool // DrainEvents returned ErrClosedIntentionally
+	received   atomic.Int64
+	afterBegun atomic.Int64  // received once begun was set
+	busy       chan struct{} // closed at the 2,000th delivery
+}
+
+// consume counts the deliveries until the channel closes with conn.
+func (s *saturation) consume(deliveries <-chan amqp.Delivery) {
+	for range deliveries {
+		if s.received.Add(1) == 2000 {
+			close(s.busy)
+		}
+		if s.begun.Load() {
+			s.afterBegun.Add(1)
+		}
+	}
+}
+
+// publishUntilClosed publishes 1 KiB bodies to q without pause until a
+// publish fails, as it does once the connection is closed.
+func publishUntilClosed(ch *amqp.Channel, q string) {
+	msg := amqp.Publishing{Body: make([]byte, 1024)}
+	for ch.PublishWithContext(context.Background(), "", q, false, false, msg) == nil {
+	}
+}
+
+// drainUntilClose calls DrainEvents until it says that Close has begun.
+func (s *saturation) drainUntilClose(t testing.TB, conn *amqp.Connection) {
+	for {
+		// Bounded, as a legacy application's drain loop is (and as
+		// LegacyOptions.AutoDrain's 50 ms): in plain legacy mode a
+		// write waits for the read in progress, and an unbounded read
+		// would hold the publisher back whenever the broker has
+		// nothing in flight, until the next heartbeat (a run of
+		// 2026-12-03 got 711 deliveries in 30 s that way).
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		err := conn.DrainEvents(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			continue
+		}
+		if errors.Is(err, amqp.ErrClosedIntentionally) {
+			s.begun.Store(true)
+			return
+		}
+		if err != nil {
+			t.Errorf("DrainEvents = %v before Close", err)
+			return
+		}
+	}
 }
