@@ -7,17 +7,31 @@ import (
 	"time"
 )
 
-// budget counts the bytes read that still wait for a user (queued jobs, notifications and
-// deliveries; a message being read, pinned). Above high the drainer stops reading, so TCP
-// backpressure reaches the broker instead of memory growing, until the count falls to low. Legacy
-// keeps one for its deliveries only, with marks it never reaches (math.MaxInt64), for Stats.
+// budget counts the bytes read that still wait for a user: queued dispatcher jobs, outbox items
+// (notifications), deliveries in consumer inboxes, and the partial body of a message being read
+// (pinned). Each is charged when queued and released when its user took it.
+//
+// Above high the drainer stops reading the socket, so TCP backpressure reaches the broker
+// instead of memory growing, until the count falls to low. The two marks (the drainer sets low to
+// half of high) keep reading from pausing and resuming at every delivery around one mark.
+//
+// Pinned bytes are counted in used, for Stats, but never decide a pause: only reading more can
+// complete a message and so release its pinned bytes. Were they counted, a message bigger than
+// the room left would pause reading, and reading would wait for a release that only reading
+// could bring.
+//
+// Legacy keeps one for its deliveries only, with marks it never reaches (math.MaxInt64), for
+// Stats: legacy's caller paces its reads, so there is nothing to pause.
+//
+// mu is a leaf lock: a budget calls nothing while holding it, so it may be charged under any
+// queue's lock.
 type budget struct {
 	high, low int64
 
 	mu     sync.Mutex
 	used   int64
 	pinned int64         // part of used that only reading more can release
-	belowC chan struct{} // closed when used, pinned aside, falls to low, while someone waits
+	belowC chan struct{} // made by over for a reader about to pause; closed at low, then nil
 
 	pauses      uint64        // for Stats
 	pausedTotal time.Duration // of the pauses that ended
@@ -35,7 +49,8 @@ func (b *budget) release(n int64) { b.add(-n, 0) }
 func (b *budget) pin(n int64)   { b.add(n, n) }
 func (b *budget) unpin(n int64) { b.add(-n, -n) }
 
-// add counts n bytes more used, pinned of them pinned, and closes belowC once usage less pinned ≤ low.
+// add counts n bytes more used, pinned of them pinned, and wakes a paused reader (closes belowC)
+// once usage less pinned is at most low.
 func (b *budget) add(n, pinned int64) {
 	b.mu.Lock()
 	b.used += n
@@ -47,7 +62,9 @@ func (b *budget) add(n, pinned int64) {
 	b.mu.Unlock()
 }
 
-// over reports whether reading should pause; if so, below is closed once usage fell to low.
+// over reports whether reading should pause; if so, below is closed once usage fell to low. The
+// chan is made only here, by a reader about to wait on it, so that add, on every charge, has
+// nothing to close while nobody waits.
 func (b *budget) over() (over bool, below <-chan struct{}) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -81,18 +98,19 @@ func (b *budget) pauseEnded(now time.Time) time.Duration {
 	return d
 }
 
-// snapshot is the budget's part of Stats at now.
+// snapshot is the budget's part of Stats at now; a pause under way counts up to now.
 func (b *budget) snapshot(now time.Time) BudgetStats {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	s := BudgetStats{Limit: b.high, Used: b.used, Pauses: b.pauses, PausedTotal: b.pausedTotal}
-	if s.Paused = !b.pausedSince.IsZero(); s.Paused {
+	s.Paused = !b.pausedSince.IsZero()
+	if s.Paused {
 		s.PausedTotal += now.Sub(b.pausedSince)
 	}
 	return s
 }
 
-// usedNow reports the bytes charged now.
+// usedNow reports the bytes charged now, pinned ones included.
 func (b *budget) usedNow() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()

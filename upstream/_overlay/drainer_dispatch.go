@@ -7,7 +7,18 @@ import (
 	"time"
 )
 
-// chanDispatcher runs a channel's frames, notifications in order; its waits delay only it.
+// The drainer's dispatch: what the read turn's holder does with each routed frame. Upstream
+// dispatches on its reader goroutine, so a NotifyPublish listener nobody reads (for up to 5 s a
+// notification) or a cancel-ok waiting for ch.m stalls all reading on the connection. Here the
+// holder never runs what may wait: channel 0's replies go into rpc (a buffered chan) and its
+// writes to conn0Work, and each channel's frames go to that channel's dispatcher, a goroutine
+// of its own that exists only while it has work (and a linger after). A listener's waits then
+// happen on the outbox's goroutine: they delay only that channel's notifications, and, through
+// the budget, reading only once too much waits.
+
+// chanDispatcher runs a channel's methods and complete messages in frame order, on a
+// serialQueue of its own; what its listeners take goes through its outbox, in order too. Its
+// lock and its outbox's nest only under drainConn.mu (workQueue's doc says why).
 type chanDispatcher struct {
 	serialQueue
 	out outbox
@@ -15,23 +26,27 @@ type chanDispatcher struct {
 	ch  *Channel
 }
 
-// route0 hands a channel-0 frame on, counted first: a caller it wakes must not take it for
-// progress made after its DrainEvents began. stop ends reading (connection.close, or the
-// error to fail with).
+// route0 hands a channel-0 frame on, upstream's dispatch0 without its waits, counted
+// first: a DrainEvents caller it wakes must not take it for progress made after it began.
+// stop ends reading: after connection.close (the teardown follows on conn0Work), or with
+// err to fail with.
 func (d *drainConn) route0(g *readGen, f frame) (stop bool, err *Error) {
 	g.activity.frames.Add(1)
 	mf, ok := f.(*methodFrame)
 	if !ok {
-		if _, beat := f.(*heartbeatFrame); !beat { // only these two on channel 0 (spec 4.2.3)
+		// Only methods and heartbeats come on channel 0 (spec 4.2.3).
+		if _, beat := f.(*heartbeatFrame); !beat {
 			d.conn0Work(func() { d.protocolClose(ErrUnexpectedFrame) })
 		}
 		return false, nil
 	}
 	if m, ok := mf.Method.(*connectionClose); ok {
-		// As upstream: close-ok, then the teardown; nothing may follow it.
+		// As upstream: close-ok, then the teardown; nothing may follow it. Both may block
+		// (the write on sendM), so they run on conn0Work, and reading stops here.
 		err := newError(m.ReplyCode, m.ReplyText)
 		d.conn0Work(func() {
-			if err := d.c.send(&methodFrame{ChannelId: 0, Method: &connectionCloseOk{}}); err != nil {
+			closeOk := &methodFrame{ChannelId: 0, Method: &connectionCloseOk{}}
+			if err := d.c.send(closeOk); err != nil {
 				Logger.Printf("error sending connectionCloseOk, error: %+v", err)
 			}
 			d.c.shutdown(err)
@@ -43,11 +58,14 @@ func (d *drainConn) route0(g *readGen, f frame) (stop bool, err *Error) {
 	} else if err := g.replyOverflow(mf.Method); err != nil {
 		return true, err
 	}
+	// A reply: rpc has room (replyOverflow), so the send does not wait for the caller.
 	g.rpc <- mf.Method
 	return false, nil
 }
 
-// dispatchClosed is upstream's Connection.dispatchClosed, for a frame on a channel not open.
+// dispatchClosed is upstream's Connection.dispatchClosed, for a frame on a channel not open:
+// answer a close with close-ok, ignore a close-ok, and close the connection for anything else.
+// It writes, so it runs on conn0Work.
 func (d *drainConn) dispatchClosed(f frame) {
 	mf, ok := f.(*methodFrame)
 	if !ok {
@@ -55,8 +73,10 @@ func (d *drainConn) dispatchClosed(f frame) {
 	}
 	switch mf.Method.(type) {
 	case *channelClose:
-		if err := d.c.send(&methodFrame{ChannelId: f.channel(), Method: &channelCloseOk{}}); err != nil {
-			Logger.Printf("error sending channelCloseOk, channel id: %d error: %+v", f.channel(), err)
+		closeOk := &methodFrame{ChannelId: f.channel(), Method: &channelCloseOk{}}
+		if err := d.c.send(closeOk); err != nil {
+			Logger.Printf("error sending channelCloseOk, channel id: %d error: %+v",
+				f.channel(), err)
 		}
 	case *channelCloseOk:
 	default:
@@ -72,7 +92,8 @@ func (d *drainConn) protocolClose(err *Error) {
 	}
 }
 
-// conn0Work runs channel-0 work that may block (writes, teardown) in order.
+// conn0Work runs channel-0 work that may block (writes, teardown) in order, on a queue of its
+// own, made on first use: the turn's holder must not wait for sendM or for a shutdown.
 func (d *drainConn) conn0Work(job func()) {
 	d.mu.Lock()
 	if d.conn0 == nil {
@@ -83,7 +104,8 @@ func (d *drainConn) conn0Work(job func()) {
 	q.push(frameCost, job)
 }
 
-// handOn queues a channel frame's step for its dispatcher, counted first.
+// handOn queues a channel frame's step for its dispatcher, counted first: a DrainEvents
+// caller woken by activity must not take the frame for progress made after it began.
 func (d *drainConn) handOn(g *readGen, step chanStep) {
 	g.activity.frames.Add(1)
 	switch {
@@ -99,7 +121,10 @@ func (d *drainConn) handOn(g *readGen, step chanStep) {
 	}
 }
 
-// dispatch queues a job for ch's dispatcher; a delivery with none before goes to its inbox at once.
+// dispatch queues a job for ch's dispatcher. A delivery with nothing of its channel queued
+// before it goes to its inbox at once, on the turn's holder: an inbox put never waits, and with
+// no job before it, nothing could come out of order. Under drainConn.mu, the lookup, the idle
+// check and the put are one step against the dispatcher's retiring (workQueue's doc).
 func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Lock()
 	disp := d.dispatchers[ch]
@@ -116,13 +141,23 @@ func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Unlock()
 }
 
-// newDispatcher makes ch's dispatcher (d.mu held); a closed channel's goes once queue and outbox idle.
+// newDispatcher makes ch's dispatcher (d.mu held). A closed channel's is removed from the map
+// once both its queue and its outbox are idle: each side's retired func checks the other, under
+// drainConn.mu, their shared outer lock (workQueue's doc).
 func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 	disp := &chanDispatcher{d: d, ch: ch}
-	disp.budget, disp.outer, disp.work, disp.handleJob = d.budget, &d.mu, &d.jobs, disp.handle
-	disp.linger, disp.ended = dispatcherLinger, d.genDead
+	disp.budget = d.budget
+	disp.outer = &d.mu
+	disp.work = &d.jobs
+	disp.handleJob = disp.handle
+	disp.linger = dispatcherLinger
+	disp.ended = d.genDead
 	d.initOutbox(&disp.out, &ch.notifyM, &ch.noNotify)
-	disp.out.outer, disp.out.channel, disp.out.forget = &d.mu, ch.id, ch.forgetListener
+	disp.out.outer = &d.mu
+	disp.out.channel = ch.id
+	disp.out.forget = ch.forgetListener
+	// The dispatcher's queue is empty (under its mu): retire if the outbox is idle too, else
+	// park, and the outbox retires both once it empties.
 	disp.retired = func() bool {
 		if ch.IsClosed() && disp.out.idle() {
 			delete(d.dispatchers, ch)
@@ -130,6 +165,7 @@ func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 		}
 		return true
 	}
+	// The outbox is empty (under its mu): if the dispatcher is idle too, retire it now.
 	disp.out.retired = func() {
 		if ch.IsClosed() && disp.idle() {
 			delete(d.dispatchers, ch)
@@ -139,10 +175,12 @@ func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 	return disp
 }
 
-// dispatcherLinger is how long an idle dispatcher parks (till a close or end): bursts share one.
+// dispatcherLinger is how long an idle dispatcher parks (unless its channel closes or the
+// generation ends first): the bursts of a busy channel share one goroutine.
 const dispatcherLinger = time.Second
 
-// genDead is closed when the current generation ends: dispatchers retire.
+// genDead is closed when the current generation ends: parked dispatchers retire, as the
+// channels they served are gone with it.
 func (d *drainConn) genDead() <-chan struct{} {
 	if g := d.current(); g != nil {
 		return g.dead
@@ -150,13 +188,18 @@ func (d *drainConn) genDead() <-chan struct{} {
 	return nil
 }
 
-// initOutbox sets up an outbox of this connection, guarded by lock.
+// initOutbox sets up an outbox of this connection. lock is its owner's notifyM and closed its
+// noNotify: upstream closes the listeners under lock, so a hand-over holds it (read side).
 func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
-	o.lock, o.closed, o.budget, o.work = lock, closed, d.budget, &d.work
-	o.closeWait, o.watch = d.opts.CloseTimeout, d.watch
+	o.lock = lock
+	o.closed = closed
+	o.budget = d.budget
+	o.work = &d.work
+	o.closeWait = d.opts.CloseTimeout
+	o.watch = d.watch
 }
 
-// handle dispatches one method or complete message.
+// handle dispatches one method or complete message, on the dispatcher's goroutine.
 func (disp *chanDispatcher) handle(job queuedJob) {
 	switch {
 	case job.del != nil:
@@ -168,25 +211,30 @@ func (disp *chanDispatcher) handle(job queuedJob) {
 	}
 }
 
-// listenersOf reads one of ch's listener lists under notifyM.
+// listenersOf reads one of ch's listener lists under notifyM. The slice is used after the lock
+// is let go, by a queued hand-over too: this holds because nobody changes a list's elements in
+// place (upstream appends; forgetListener makes a new slice, closeAndRemove).
 func listenersOf[T any](ch *Channel, ls *[]chan T) []chan T {
 	ch.notifyM.RLock()
 	defer ch.notifyM.RUnlock()
 	return *ls
 }
 
-// Notification costs charged to the budget while a value waits in an outbox.
+// Notification costs charged to the budget while a value waits in an outbox: a frame's
+// overhead plus what the value holds.
 func confirmationCost(Confirmation) int64 { return frameCost }
 func returnCost(r Return) int64           { return frameCost + int64(len(r.Body)) }
 func boolCost(bool) int64                 { return frameCost }
 func stringCost(s string) int64           { return frameCost + int64(len(s)) }
 func blockingCost(b Blocking) int64       { return frameCost + int64(len(b.Reason)) }
 
-// dispatchMessage is Channel.dispatch without waits on users: what they take goes via the outbox.
+// dispatchMessage is Channel.dispatch without waits on users: what listeners take goes via the
+// outbox, in frame order; what upstream does without waiting runs as upstream wrote it.
 func (disp *chanDispatcher) dispatchMessage(msg message) {
 	d, ch, out := disp.d, disp.ch, &disp.out
 	switch m := msg.(type) {
 	case *basicAck:
+		// Only in confirm mode, as upstream.
 		if ch.confirming.Load() {
 			d.confirm(ch, out, Confirmation{DeliveryTag: m.DeliveryTag, Ack: true}, m.Multiple)
 		}
@@ -199,21 +247,26 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 	case *channelFlow:
 		notifyAllInOrder(out, listenersOf(ch, &ch.flows), boolCost, m.Active)
 		if err := ch.send(&channelFlowOk{Active: m.Active}); err != nil {
-			Logger.Printf("error sending channelFlowOk, channel id: %d error: %+v", ch.id, err)
+			Logger.Printf("error sending channelFlowOk, channel id: %d error: %+v",
+				ch.id, err)
 		}
 	case *basicCancel:
 		disp.cancelled(m.ConsumerTag)
 	case *basicDeliver:
+		// A basic.deliver the fast path refused, parsed and assembled by upstream's rules.
 		ch.consumers.deliver(m.ConsumerTag, newDelivery(ch, m))
-	case *channelClose, *channelCloseOk: // listeners close next: notifications first
+	case *channelClose, *channelCloseOk:
+		// Upstream closes the listeners next: what was queued for them goes first, or is
+		// dropped after CloseTimeout (closeInOrder), so that a close is bounded.
 		out.closeInOrder(func() { ch.dispatch(msg) })
 	default:
 		ch.dispatch(msg)
 	}
 }
 
-// cancelled is basic.cancel: NotifyCancel, then the deliveries chan
-// closes (upstream's order); cancel-ok is serialised with publishes (ch.m).
+// cancelled is basic.cancel: NotifyCancel, then the deliveries chan closes (upstream's order,
+// kept through the outbox); cancel-ok is serialised with publishes (ch.m), which is why this
+// runs on the dispatcher, never on the turn's holder.
 func (disp *chanDispatcher) cancelled(tag string) {
 	ch, out := disp.ch, &disp.out
 	queueName, _ := ch.consumers.queueForTag(tag)
@@ -224,7 +277,8 @@ func (disp *chanDispatcher) cancelled(tag string) {
 	if ch.connection.isCapable(serverCapabilityAcceptConsumerCancelOk) {
 		ch.m.Lock()
 		if err := ch.send(&basicCancelOk{ConsumerTag: tag}); err != nil {
-			Logger.Printf("error sending basicCancelOk, channel id: %d error: %+v", ch.id, err)
+			Logger.Printf("error sending basicCancelOk, channel id: %d error: %+v",
+				ch.id, err)
 		}
 		ch.m.Unlock()
 	}
@@ -233,21 +287,29 @@ func (disp *chanDispatcher) cancelled(tag string) {
 	}
 }
 
-// confirm is upstream's confirms.One/Multiple, in order with the outbox; it never waits or drops.
+// confirm is upstream's confirms.One/Multiple, in order with the outbox; it never waits or
+// drops. With the outbox idle it settles the DeferredConfirmations at once, as upstream. With
+// notifications waiting (a basic.return before this ack, held by a slow listener), it takes
+// the DeferredConfirmations out of their set now and settles them through the outbox, after
+// what is queued: a return is seen before the confirm of its publish, as upstream promises.
+// Locks: under confirms.m, publishedMut and then deferredConfirmations.m (take), one at a
+// time, as upstream's confirms.One takes them.
 func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multiple bool) {
 	cf := ch.confirms
 	cf.m.Lock()
 	var settle *settlement
 	switch {
 	case !out.idle():
-		// Taken now, lest reset or Close nack them too; only tags in [expecting, published] wait.
+		// Taken now, lest reset or Close nack them too; only tags in [expecting, published]
+		// wait, so the walk is bounded by what was published.
 		cf.publishedMut.Lock()
 		last := cf.published
 		cf.publishedMut.Unlock()
 		if conf.DeliveryTag < last {
 			last = conf.DeliveryTag
 		}
-		if dcs := cf.deferredConfirmations.take(cf.expecting, last, conf.DeliveryTag, multiple); len(dcs) > 0 {
+		dcs := cf.deferredConfirmations.take(cf.expecting, last, conf.DeliveryTag, multiple)
+		if len(dcs) > 0 {
 			settle = &settlement{dcs: dcs, ack: conf.Ack}
 		}
 	case multiple:
@@ -264,7 +326,9 @@ func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multipl
 	notifyAllInOrder(out, listeners, confirmationCost, ordered...)
 }
 
-// sequence returns what conf releases, in tag order (the rest waits in cf.sequencer); confirms.m held.
+// sequence returns what conf releases for the NotifyPublish listeners, in tag order, as
+// upstream's resequence: a confirm that comes before an earlier tag's waits in cf.sequencer
+// until the gap is filled. confirms.m is held.
 func sequence(ch *Channel, conf Confirmation, multiple bool) []Confirmation {
 	cf := ch.confirms
 	var ordered []Confirmation
@@ -277,16 +341,20 @@ func sequence(ch *Channel, conf Confirmation, multiple bool) []Confirmation {
 	cf.publishedMut.Lock()
 	published := cf.published
 	cf.publishedMut.Unlock()
+	// Release conf, or hold it: multiple releases every tag up to conf's, each with conf's
+	// verdict; a single tag goes now only if it is the next expected.
 	if multiple {
 		for cf.expecting <= conf.DeliveryTag && cf.expecting <= published {
 			next(Confirmation{DeliveryTag: cf.expecting, Ack: conf.Ack})
 		}
-	} else if conf.DeliveryTag > published { // nothing waits for it
+	} else if conf.DeliveryTag > published {
+		// Not published: nothing waits for it.
 	} else if cf.expecting == conf.DeliveryTag {
 		next(conf)
 	} else {
 		cf.sequencer[conf.DeliveryTag] = conf
 	}
+	// Then what the sequencer held that is now next in line.
 	cf.publishedMut.Lock()
 	for cf.expecting <= cf.published {
 		held, found := cf.sequencer[cf.expecting]
@@ -299,7 +367,8 @@ func sequence(ch *Channel, conf Confirmation, multiple bool) []Confirmation {
 	return ordered
 }
 
-// notifyBlocked hands b to the NotifyBlocked listeners ls, in order.
+// notifyBlocked hands b to the NotifyBlocked listeners ls, in order, through the connection's
+// outbox: the turn's holder never waits for a listener.
 func (d *drainConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	notifyAllInOrder(&d.connOut, ls, blockingCost, b)
 }

@@ -1,5 +1,19 @@
 // amqp091-drainer's overlay on amqp091-go, not upstream code: see PATCHES.md.
 
+// The fast path of frame decoding, for frames on a channel ≠ 0. Upstream parses every frame
+// through an io.Reader, allocating each string and a frame struct; a consumer's traffic is almost
+// all basic.deliver, content headers and body frames, so those three are decoded here straight
+// from the frame's bytes, and a channel's content (method, header, bodies) is assembled where it
+// is read. Every other frame, and any frame the fast decoders refuse, goes to upstream's parser
+// (frameSplitter.parse), so upstream stays the judge of what is malformed: FuzzFastDecode checks
+// that both accept the same frames and decode them to the same values.
+//
+// Who may touch what: a contentReader and its assemblies belong to the generation's READ TURN,
+// not to a goroutine. Whoever holds the turn reads and routes one step (the drainer goroutine, a
+// ConsumeFunc it lent the turn to, or in legacy mode the caller driving the read: DrainEvents, a
+// ConsumeFunc or AutoDrain). The turn passes from one holder to the next over a channel, which
+// orders every access to this state, so it needs no lock of its own.
+
 package amqp091
 
 import (
@@ -8,14 +22,17 @@ import (
 	"time"
 )
 
-// frameCursor reads AMQP fields from a frame; once one does not fit, ok is false.
+// frameCursor reads AMQP fields from a frame. Once one field does not fit, ok turns false for good
+// and every later read returns zeros, so a decoder reads its fields in a straight line and checks
+// ok once at the end, as upstream checks its reader's first error.
 type frameCursor struct {
 	b  []byte
 	i  int
 	ok bool
 }
 
-// noField is what take returns once a field did not fit, never written to.
+// noField is what take returns once a field did not fit. It is shared by every cursor and never
+// written: take's result has its length as capacity, so even an append copies it first.
 var noField [255]byte
 
 // take returns the next n (≤ 255) bytes, aliasing the frame, or n zero bytes.
@@ -29,31 +46,44 @@ func (c *frameCursor) take(n int) []byte {
 	return v
 }
 
-// u8, u16 and u64 read a big-endian integer, 0 once a field did not fit.
+// u8, u16 and u64 read a big-endian integer, 0 once a field did not fit. shortstr reads a length
+// octet and that many bytes. Each advances the cursor: the order of the calls is the wire order.
 func (c *frameCursor) u8() uint8        { return c.take(1)[0] }
 func (c *frameCursor) u16() uint16      { return binary.BigEndian.Uint16(c.take(2)) }
 func (c *frameCursor) u64() uint64      { return binary.BigEndian.Uint64(c.take(8)) }
 func (c *frameCursor) shortstr() []byte { return c.take(int(c.u8())) }
 
-// rawDeliver is basic.deliver with its strings still in the frame.
+// rawDeliver is basic.deliver with its strings still in the frame: they alias the splitter's
+// buffer, so they are valid only until the next fill. startDeliver turns them into strings at
+// once, through caches that spare the allocation when a string repeats.
 type rawDeliver struct {
 	consumerTag, exchange, routingKey []byte
 	deliveryTag                       uint64
 	redelivered                       bool
 }
 
-// decodeDeliver decodes raw as basic.deliver, or returns false for upstream to parse.
+// decodeDeliver decodes raw as basic.deliver, or returns false for upstream to parse (another
+// method, or a frame that does not decode: upstream then reports the error its own way).
 func decodeDeliver(raw []byte, out *rawDeliver) bool {
 	if len(raw) < frameHeaderSize+4 || raw[0] != frameMethod {
 		return false
 	}
-	// As upstream: arguments unbounded by the frame's size, then frame-end.
+	// As upstream: arguments unbounded by the frame's size, then frame-end. The payload starts
+	// after the 7-octet frame header (type, channel, size).
 	c := frameCursor{b: raw, i: 7, ok: true}
-	if class, method := c.u16(), c.u16(); class != 60 || method != 60 {
+	class := c.u16()
+	method := c.u16()
+	if class != 60 || method != 60 { // basic (60), deliver (60)
 		return false
 	}
-	out.consumerTag, out.deliveryTag, out.redelivered = c.shortstr(), c.u64(), c.u8()&1 != 0
-	out.exchange, out.routingKey = c.shortstr(), c.shortstr()
+	// The arguments in wire order (spec 1.8.3.9, upstream's basicDeliver.read). Every read
+	// advances the cursor, so these statements must stay in this order, one field each: a
+	// reordering, or a multi-assignment someone reorders, reads each field from another's bytes.
+	out.consumerTag = c.shortstr()
+	out.deliveryTag = c.u64()
+	out.redelivered = c.u8()&1 != 0 // bit 0 of the bits octet
+	out.exchange = c.shortstr()
+	out.routingKey = c.shortstr()
 	return c.ok && c.i < len(raw) && raw[c.i] == frameEnd
 }
 
@@ -72,7 +102,9 @@ const (
 	propStrings
 )
 
-// rawHeader is a content header, its strings in the frame; a bad table fails it.
+// rawHeader is a content header, its strings in the frame (valid until the next fill, as
+// rawDeliver's); a headers table is decoded by upstream's readTable, and a bad one fails the
+// whole header, so that upstream's parse reports it.
 type rawHeader struct {
 	classId, weight        uint16
 	size                   uint64
@@ -83,21 +115,30 @@ type rawHeader struct {
 	timestamp              int64
 }
 
-// headerDecoder decodes content headers, reusing its table reader.
+// headerDecoder decodes content headers, reusing its table reader: a bytes.Reader per header
+// would be an allocation per message with headers.
 type headerDecoder struct{ table bytes.Reader }
 
-// decode decodes raw as a content header, or returns false for upstream to report.
+// decode decodes raw as a content header, or returns false for upstream to report. The fields
+// come in wire order: class, weight, body size, property flags, then each property the flags
+// announce, in the flags' order (spec 4.2.6.1, upstream's parseHeaderFrame). Each read advances
+// the cursor, so the order of the statements is the format: keep one field a statement.
 func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 	if len(raw) < frameHeaderSize || raw[0] != frameHeader {
 		return false
 	}
-	// Upstream bounds the properties by the frame's size and skips the rest.
+	// Upstream bounds the properties by the frame's size and skips the rest; the splitter made
+	// raw exactly one frame, so the check below only guards a caller passing something else.
 	size := binary.BigEndian.Uint32(raw[3:7])
 	if uint64(size)+frameHeaderSize != uint64(len(raw)) {
 		return false
 	}
 	c := frameCursor{b: raw[7 : 7+int(size)], ok: true}
-	*out = rawHeader{classId: c.u16(), weight: c.u16(), size: c.u64(), flags: c.u16()}
+	*out = rawHeader{}
+	out.classId = c.u16()
+	out.weight = c.u16()
+	out.size = c.u64()
+	out.flags = c.u16()
 	flags := out.flags
 	str := func(flag uint16, i int) {
 		if flags&flag != 0 {
@@ -107,6 +148,8 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 	str(flagContentType, propContentType)
 	str(flagContentEncoding, propContentEncoding)
 	if flags&flagHeaders != 0 && c.ok {
+		// The table's length is only known by reading it: readTable consumes it, and the
+		// cursor resumes where the reader stopped.
 		hd.table.Reset(c.b[c.i:])
 		t, err := readTable(&hd.table)
 		if err != nil {
@@ -135,9 +178,11 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 	return c.ok
 }
 
-// strCache reuses a field's last string; string(b) != s does not allocate.
+// strCache reuses a field's last string. The comparison string(b) != s does not allocate, so a
+// field that repeats from message to message (a content type, an exchange) costs no allocation.
 type strCache struct{ s string }
 
+// get returns b as a string, the cached one when it is equal.
 func (c *strCache) get(b []byte) string {
 	if string(b) != c.s {
 		c.s = string(b)
@@ -152,19 +197,26 @@ const (
 	awaitContent
 )
 
-// contentAsm is one channel's content assembly, owned by the reading goroutine.
+// contentAsm is one channel's content assembly: a content method (basic.deliver, basic.return,
+// basic.get-ok), then its header, then body frames until the announced size, by the rules of
+// upstream's state machine (Channel.recvMethod, recvHeader, recvContent). It belongs to the read
+// turn's holder, as its contentReader does (file comment); nothing else reads it.
+//
+// A partial body is pinned in the budget (bodyFrame): it holds memory, yet only reading more
+// can complete it, so it must never be the reason reading pauses (budget.pin).
 type contentAsm struct {
-	ch                 *Channel
-	state              int
-	fast               bool // started by a fast basic.deliver (deliver), else by msg
-	deliver            deliverArgs
-	msg                messageWithContent
-	props              properties
-	size               uint64
-	body               []byte
-	budget             *budget
-	pinned             int64 // what the partial body is charged to budget
-	pooled             pooledMemo
+	ch      *Channel // the channel this assembly serves; a new one with its id gets a new one
+	state   int      // awaitMethod, awaitHeader or awaitContent
+	fast    bool     // started by a fast basic.deliver (deliver), else by msg
+	deliver deliverArgs
+	msg     messageWithContent // the method upstream's parser decoded, when not fast
+	props   properties
+	size    uint64 // the body size the header announced
+	body    []byte
+	budget  *budget // nil in legacy, whose reads are never paused
+	pinned  int64   // what the partial body is charged to budget
+	pooled  pooledMemo
+	// Caches for the strings that repeat from one delivery to the next (strCache).
 	tag, exchange, key strCache
 	props1             [propStrings]strCache
 }
@@ -176,35 +228,50 @@ type deliverArgs struct {
 	redelivered                       bool
 }
 
-// The shortstr properties worth a cache: per-message ids never repeat.
+// The shortstr properties worth a cache: per-message ids never repeat, and caching them would
+// only replace one string with another.
 var propCached = [propStrings]bool{
 	propContentType: true, propContentEncoding: true, propReplyTo: true,
 	propExpiration: true, propType: true, propUserId: true, propAppId: true,
 }
 
-// reset drops content in progress (or handed over), releasing its charge.
+// reset drops content in progress (or handed over), releasing its pinned charge.
 func (a *contentAsm) reset() {
 	if a.pinned != 0 && a.budget != nil {
 		a.budget.unpin(a.pinned)
 	}
-	a.state, a.msg, a.props, a.body, a.pinned = awaitMethod, nil, properties{}, nil, 0
+	a.state = awaitMethod
+	a.msg = nil
+	a.props = properties{}
+	a.body = nil
+	a.pinned = 0
 }
 
-// startDeliver begins the content of a fast basic.deliver.
+// startDeliver begins the content of a fast basic.deliver. The frame's strings become strings
+// here, before the next fill can overwrite the buffer they alias.
 func (a *contentAsm) startDeliver(rd *rawDeliver) {
 	a.reset()
-	a.state, a.fast = awaitHeader, true
-	a.deliver = deliverArgs{a.tag.get(rd.consumerTag), a.exchange.get(rd.exchange),
-		a.key.get(rd.routingKey), rd.deliveryTag, rd.redelivered}
+	a.state = awaitHeader
+	a.fast = true
+	a.deliver = deliverArgs{
+		consumerTag: a.tag.get(rd.consumerTag),
+		exchange:    a.exchange.get(rd.exchange),
+		routingKey:  a.key.get(rd.routingKey),
+		deliveryTag: rd.deliveryTag,
+		redelivered: rd.redelivered,
+	}
 }
 
 // start begins the content of a method upstream's reader parsed.
 func (a *contentAsm) start(msg messageWithContent) {
 	a.reset()
-	a.state, a.fast, a.msg = awaitHeader, false, msg
+	a.state = awaitHeader
+	a.fast = false
+	a.msg = msg
 }
 
-// headerProps turns a fast-decoded header's properties into upstream's.
+// headerProps turns a fast-decoded header's properties into upstream's, caching the strings
+// that repeat (propCached).
 func (a *contentAsm) headerProps(rh *rawHeader) properties {
 	s := func(i int) string {
 		if propCached[i] {
@@ -233,18 +300,24 @@ func (a *contentAsm) headerProps(rh *rawHeader) properties {
 	return p
 }
 
-// header takes a content header; true when the content is complete.
+// header takes a content header; true when the content is complete (an empty body).
+//
+// The body's buffer: a consumer served by a ConsumeFunc gets a pooled one when the whole body
+// fits what one frame may carry (bodypool.go says who owns it and when it returns); any other
+// body gets a buffer of its own that the application keeps.
 func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool {
 	if a.state != awaitHeader {
 		a.reset() // drop and reset, as upstream
 		return false
 	}
-	a.props, a.size = props, size
+	a.props = props
+	a.size = size
 	if size == 0 {
 		a.body = make([]byte, 0) // empty and non-nil, as upstream
 		return true
 	}
-	// The size is the peer's word: at most a frame ahead, as upstream since v1.17.0.
+	// The size is the peer's word: allocate at most a frame ahead, as upstream since v1.17.0,
+	// so that a header claiming 4 GiB costs nothing until the bytes arrive.
 	capacity := uint64(maxFrame)
 	if capacity == 0 {
 		capacity = defaultFrameSize
@@ -252,8 +325,9 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	if size < capacity {
 		capacity = size
 	}
-	if a.fast && capacity == size && pooledConsumers.has(a.ch, a.deliver.consumerTag, &a.pooled) {
-		a.body = pooledBody(size) // a ConsumeFunc consumer's (bodypool.go); nil if too big
+	if a.fast && capacity == size &&
+		pooledConsumers.has(a.ch, a.deliver.consumerTag, &a.pooled) {
+		a.body = pooledBody(size) // nil if too big for the pool's classes
 	}
 	if a.body == nil { // as reset left it
 		a.body = make([]byte, 0, capacity)
@@ -282,7 +356,9 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 	if uint64(len(a.body)) >= a.size {
 		return true
 	}
-	if a.budget != nil { // charged while incomplete; a whole one as queued
+	// Incomplete: pin what it holds (budget.pin). Complete, it is handed over and charged as a
+	// queued job or delivery instead, and reset unpins this.
+	if a.budget != nil {
 		a.budget.pin(int64(len(p)))
 		a.pinned += int64(len(p))
 	}
@@ -301,33 +377,55 @@ func (a *contentAsm) complete() (del *Delivery, msg messageWithContent) {
 	return del, msg
 }
 
-// newFastDelivery is newDelivery for a fast basic.deliver, in a pooled Delivery (recycleDelivery).
+// newFastDelivery is newDelivery for a fast basic.deliver, in a pooled *Delivery. Only the
+// delivery path holds that pointer: a consumer loop copies the value out (into the Consume chan,
+// or into ConsumeFunc's own Delivery) and then returns it to the pool (recycleDelivery), so no
+// application code ever keeps it. The delivery tag is made unique across recoveries
+// (recoverytags.go).
 func newFastDelivery(ch *Channel, m *deliverArgs, props *properties, body []byte) *Delivery {
 	d := deliveries.Get().(*Delivery)
-	*d = Delivery{Acknowledger: ch, Headers: props.Headers, ContentType: props.ContentType,
-		ContentEncoding: props.ContentEncoding, DeliveryMode: props.DeliveryMode, Priority: props.Priority,
-		CorrelationId: props.CorrelationId, ReplyTo: props.ReplyTo, Expiration: props.Expiration,
-		MessageId: props.MessageId, Timestamp: props.Timestamp, Type: props.Type, UserId: props.UserId,
-		AppId: props.AppId, ConsumerTag: m.consumerTag, Redelivered: m.redelivered, Exchange: m.exchange,
-		RoutingKey: m.routingKey, Body: body,
-		DeliveryTag: ch.tags.handOut(m.deliveryTag), // unique across recoveries (recoverytags.go)
+	*d = Delivery{
+		Acknowledger:    ch,
+		Headers:         props.Headers,
+		ContentType:     props.ContentType,
+		ContentEncoding: props.ContentEncoding,
+		DeliveryMode:    props.DeliveryMode,
+		Priority:        props.Priority,
+		CorrelationId:   props.CorrelationId,
+		ReplyTo:         props.ReplyTo,
+		Expiration:      props.Expiration,
+		MessageId:       props.MessageId,
+		Timestamp:       props.Timestamp,
+		Type:            props.Type,
+		UserId:          props.UserId,
+		AppId:           props.AppId,
+		ConsumerTag:     m.consumerTag,
+		Redelivered:     m.redelivered,
+		Exchange:        m.exchange,
+		RoutingKey:      m.routingKey,
+		Body:            body,
+		DeliveryTag:     ch.tags.handOut(m.deliveryTag),
 	}
 	return d
 }
 
-// contentReader is a generation's fast path; only the reading goroutine uses it.
+// contentReader is a generation's fast path: its decoders and one assembly per channel. The
+// READ TURN protects it, not a goroutine: whoever holds the generation's turn uses it (the
+// drainer goroutine, a ConsumeFunc it lent the turn to, or in legacy mode the caller driving
+// the read), and the turn's hand-over orders one holder's use before the next's.
 type contentReader struct {
 	hd     headerDecoder
 	rd     rawDeliver
 	rh     rawHeader
 	asms   map[uint16]*contentAsm
-	last   *contentAsm // asm's last: a content's frames come in a row
-	budget *budget
+	last   *contentAsm // asm's last: a content's frames come in a row, sparing the map lookup
+	budget *budget     // what partial bodies are pinned in; nil in legacy
 }
 
-// asm returns channel id's assembly, afresh if ch reuses the number.
+// asm returns channel id's assembly, afresh if ch reuses the number: a channel closed and a new
+// one opened with its id must not inherit a half-read content.
 func (cr *contentReader) asm(id uint16, ch *Channel) *contentAsm {
-	if a := cr.last; a != nil && a.ch == ch { // ch holds id
+	if a := cr.last; a != nil && a.ch == ch { // ch is id's channel now: a.ch has the same id
 		return a
 	}
 	a := cr.asms[id]
@@ -338,22 +436,24 @@ func (cr *contentReader) asm(id uint16, ch *Channel) *contentAsm {
 		a = &contentAsm{ch: ch, budget: cr.budget}
 		cr.asms[id] = a
 	} else if a.ch != ch {
-		a.reset()
+		a.reset() // unpins what the old channel's content held
 		*a = contentAsm{ch: ch, budget: cr.budget}
 	}
 	cr.last = a
 	return a
 }
 
-// release drops every content in progress, at the end of a generation.
+// release drops every content in progress at the end of a generation, unpinning what it held
+// in the budget, which outlives the generation.
 func (cr *contentReader) release() {
 	for _, a := range cr.asms {
 		a.reset()
 	}
 }
 
-// channelFrame is a decoded frame on channel ≠ 0: exactly one of f
-// (upstream's parse), deliver (in cr.rd), header (in cr.rh), isBody is set.
+// channelFrame is a decoded frame on channel ≠ 0: exactly one of f (upstream's parse),
+// deliver (decoded into cr.rd), header (decoded into cr.rh) or isBody (the payload in body)
+// is set. The fast cases point into cr and the frame, so a channelFrame is used at once.
 type channelFrame struct {
 	f               frame
 	deliver, header bool
@@ -361,7 +461,8 @@ type channelFrame struct {
 	isBody          bool
 }
 
-// decode decodes raw (channel ≠ 0) fast if it can, else by upstream (FuzzFastDecode: they agree).
+// decode decodes raw (channel ≠ 0) fast if it can, else by upstream's parser. FuzzFastDecode
+// checks that the two agree, so a frame refused here gets upstream's verdict and error.
 func (cr *contentReader) decode(split *frameSplitter, raw []byte) (channelFrame, error) {
 	switch raw[0] {
 	case frameBody: // cannot fail once the splitter checked the frame-end
@@ -379,8 +480,13 @@ func (cr *contentReader) decode(split *frameSplitter, raw []byte) (channelFrame,
 	return channelFrame{f: f}, err
 }
 
-// feed gives cf to a: content complete (take it: a.complete), or a method starting none.
-func (cr *contentReader) feed(a *contentAsm, cf *channelFrame, maxFrame uint32) (complete bool, method *methodFrame) {
+// feed gives cf to a, upstream's recvMethod, recvHeader and recvContent in one. It returns
+// complete when a's content is whole (take it with a.complete), or the method when cf is a
+// method that starts no content (it goes to the channel's dispatch as it is).
+func (cr *contentReader) feed(
+	a *contentAsm, cf *channelFrame, maxFrame uint32,
+) (complete bool, method *methodFrame) {
+	// The fast cases first: the frame's data is in cf and cr, not in a parsed frame.
 	switch {
 	case cf.isBody:
 		return a.bodyFrame(cf.body), nil
@@ -390,6 +496,7 @@ func (cr *contentReader) feed(a *contentAsm, cf *channelFrame, maxFrame uint32) 
 		a.startDeliver(&cr.rd)
 		return false, nil
 	}
+	// Upstream parsed it: a method (content or not), or a header or body the fast path refused.
 	switch fr := cf.f.(type) {
 	case *methodFrame:
 		if msg, ok := fr.Method.(messageWithContent); ok {
@@ -403,5 +510,5 @@ func (cr *contentReader) feed(a *contentAsm, cf *channelFrame, maxFrame uint32) 
 	case *bodyFrame:
 		return a.bodyFrame(fr.Body), nil
 	}
-	return false, nil // a heartbeat cannot parse on a channel ≠ 0
+	return false, nil // upstream refuses a heartbeat on a channel ≠ 0: none gets here
 }

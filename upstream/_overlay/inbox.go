@@ -4,7 +4,9 @@ package amqp091
 
 import "sync"
 
-// deliveryAcct charges a channel's deliveries to its read path's budget.
+// deliveryAcct charges a channel's deliveries to its read path's budget, and keeps the channel's
+// consumer inboxes. It exists only in the drainer and legacy modes (consumers.acct is nil in
+// upstream's, whose consumers.buffer runs as upstream wrote it).
 type deliveryAcct struct {
 	budget  *budget
 	buffers *bufferSet
@@ -19,27 +21,39 @@ func (c *Connection) makeConsumers(id uint16) *consumers {
 	subs := makeConsumers()
 	if c != nil && c.rp != nil {
 		if rb := c.rp.base(); rb.deliveries != nil {
-			subs.acct = &deliveryAcct{budget: rb.deliveries, buffers: &rb.buffers, channel: id, obs: rb.obs, closing: rb.calledC}
+			subs.acct = &deliveryAcct{
+				budget:  rb.deliveries,
+				buffers: &rb.buffers,
+				channel: id,
+				obs:     rb.obs,
+				closing: rb.calledC,
+			}
 		}
 	}
 	return subs
 }
 
-// deliveryCost is what a buffered delivery is charged.
+// deliveryCost is what a buffered delivery is charged: its body and a frame's overhead, so that
+// empty bodies are not free.
 func deliveryCost(d *Delivery) int64 { return frameCost + int64(len(d.Body)) }
 
-// deliver passes d to tag's inbox (put), or drops it (Close begun, or no consumer).
+// deliver passes d to tag's inbox (put), or drops it (Close begun, or no consumer). It runs on
+// whoever hands the delivery on: the read turn's holder, or the channel's dispatcher when jobs
+// wait before it. Locks: the consumers' mutex (so that a cancel cannot end the consumer between
+// the lookup and the put), then inboxes.mu (inboxOf), then inbox.mu and budget.mu (put). User
+// code runs under none of them: Observer.Delivered before, the watcher's warnings after.
 func (subs *consumers) deliver(tag string, d *Delivery) {
 	acct := subs.acct
 	if acct.obs != nil && acct.obs.Delivered != nil {
 		acct.obs.Delivered(d)
 	}
+	// Once Close began, the backlog can no longer be acked (#17): nobody gets it.
 	if isClosing(acct.closing) {
 		return
 	}
 	subs.Lock()
 	in, found := subs.chans[tag]
-	if !found {
+	if !found { // cancelled or never started: upstream drops it too
 		subs.Unlock()
 		return
 	}
@@ -51,24 +65,36 @@ func (subs *consumers) deliver(tag string, d *Delivery) {
 	}
 }
 
-// inbox is one consumer's queue: a put wakes the loop once per burst (#18).
+// inbox is one consumer's queue, charged to the budget, in place of upstream's unbounded
+// consumers.buffer. Its taker is the consumer loop (consumeloop.go), on a goroutine of its own
+// for a Consume chan, or ConsumeFunc's caller.
+//
+// A put wakes the taker once per burst (#18): the runQueue's running flag says whether the
+// taker may be parked, and only then does put leave a token in wake (cap 1). When nothing is
+// queued and the Consume chan's reader is waiting, put hands the delivery straight to it (out),
+// without queueing or waking anyone: order holds, since the loop sends only queued deliveries,
+// and there are none.
 type inbox struct {
 	st      *bufferStat     // what Stats reads of it
 	wake    chan struct{}   // a token when a put found the taker parked
 	closing <-chan struct{} // closed when Close begins: no more direct hand-overs
 	mu      sync.Mutex
 	q       runQueue[inboxItem] // running: the taker is not parked
-	out     chan Delivery       // the Consume chan while its loop runs; nil before and after (closed once nil again)
+	// out is the Consume chan while its loop runs; nil before and after, so that no hand-over
+	// follows the loop's end (the chan is closed only once out is nil again).
+	out chan Delivery
 }
 
-// inboxItem is a delivery, its charge, and its arrival (monoNow).
+// inboxItem is a delivery, its charge, and its arrival (monoNow), which Stats and the stall
+// warning read as the oldest delivery's age.
 type inboxItem struct {
 	d        *Delivery
 	at, cost int64
 }
 
-// put hands d to a waiting Consume chan if nothing is queued (the loop takes
-// out only what was received, so order holds), else queues and charges it.
+// put hands d to a waiting Consume chan if nothing is queued (the loop takes out only what was
+// received, so order holds), else queues and charges it. queued reports the latter, for the
+// watcher. A delivery handed over directly was copied into the chan, so d returns to its pool.
 func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 	b.mu.Lock()
 	if b.out != nil && len(b.q.queued()) == 0 && !isClosing(b.closing) {
@@ -93,21 +119,25 @@ func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 	return true
 }
 
-// attach sets the application's chan for direct hand-overs (nil: none).
+// attach sets the application's chan for direct hand-overs (nil: none). The consumer loop
+// attaches its Consume chan before it runs and detaches it before closing the chan, so that no
+// put sends on a closed chan.
 func (b *inbox) attach(out chan Delivery) {
 	b.mu.Lock()
 	b.out = out
 	b.mu.Unlock()
 }
 
-// front peeks at the next delivery; when empty, the next put wakes the taker.
+// front peeks at the next delivery, leaving it queued until the Consume chan takes it; when
+// empty, the taker counts as parked, so the next put wakes it.
 func (b *inbox) front() (inboxItem, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.q.front()
 }
 
-// take removes and returns the next delivery; parks as front does.
+// take removes and returns the next delivery, uncounting it from Stats; on none, the taker
+// counts as parked, as with front. The caller releases its charge from the budget.
 func (b *inbox) take() (inboxItem, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -123,7 +153,8 @@ func (b *inbox) take() (inboxItem, bool) {
 	return it, ok
 }
 
-// clear empties the inbox and returns what its deliveries were charged.
+// clear empties the inbox, once its consumer ended, and returns what its deliveries were
+// charged, for the caller to release.
 func (b *inbox) clear() int64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -138,11 +169,12 @@ func (b *inbox) clear() int64 {
 	return cost
 }
 
-// inboxes maps each consumer's inbound chan to its inbox.
+// inboxes maps each consumer's inbound chan, upstream's key for a consumer, to its inbox.
 type inboxes struct {
-	mu     sync.Mutex
-	all    map[chan *Delivery]*inbox
-	direct map[string]chan startedConsumer // by tag: ConsumeFuncs about to serve their consumer (directconsume.go)
+	mu  sync.Mutex
+	all map[chan *Delivery]*inbox
+	// direct holds, by tag, the ConsumeFuncs about to serve their consumer (directconsume.go).
+	direct map[string]chan startedConsumer
 }
 
 // inboxOf returns in's inbox, making it if needed.
@@ -156,12 +188,16 @@ func (acct *deliveryAcct) inboxOf(in chan *Delivery, tag string) *inbox {
 	if ib.all == nil {
 		ib.all = map[chan *Delivery]*inbox{}
 	}
-	b := &inbox{st: acct.buffers.add(acct.channel, tag), wake: make(chan struct{}, 1), closing: acct.closing}
+	b := &inbox{
+		st:      acct.buffers.add(acct.channel, tag),
+		wake:    make(chan struct{}, 1),
+		closing: acct.closing,
+	}
 	ib.all[in] = b
 	return b
 }
 
-// forget removes in's inbox, once its consumer ended.
+// forget removes in's inbox, once its consumer ended, and its entry in Stats.
 func (acct *deliveryAcct) forget(in chan *Delivery, b *inbox) {
 	ib := &acct.inboxes
 	ib.mu.Lock()

@@ -8,9 +8,11 @@ import (
 	"time"
 )
 
-// A blocked send holds the owner's notify lock (read side), so upstream cannot close the listener
-// under it, for a slice at most: a Notify*, Close or shutdown waits at most outboxMaxSlice for it, a
-// close at most closeWait plus a slice (upstream: 5 s a notification; TestUnitOutboxSliceSchedule).
+// A blocked send holds the owner's notify lock (read side), so upstream cannot close the
+// listener under it, for a slice at most: a Notify*, Close or shutdown waits at most
+// outboxMaxSlice for it, a close at most closeWait plus a slice (upstream: 5 s a notification;
+// TestUnitOutboxSliceSchedule). Slices start at outboxMinSlice and double, so a listener that
+// is merely slow costs few wake-ups, and one that never reads costs one wake-up a 50 ms.
 const (
 	outboxMinSlice = time.Millisecond
 	outboxMaxSlice = 50 * time.Millisecond
@@ -21,14 +23,16 @@ type outItem interface {
 	// handOver offers what is left and reports whether all is handed over,
 	// waiting at most one slice for a listener, under the notify lock (read).
 	handOver(o *outbox, slice time.Duration, timer **time.Timer) (done bool)
-	// drop gives up what is left for listeners; settlements and actions still run: a DeferredConfirmation must settle.
+	// drop gives up what is left for listeners; settlements and actions still run, since
+	// a DeferredConfirmation must settle and a close must happen.
 	drop()
 	cost() int64        // charged to the budget while the item waits
 	kind() ListenerKind // the listeners it waits for; "" for actions
 	count() int         // the notifications it holds
 }
 
-// queuedItem is an item, when it was queued (monoNow), its number and charge.
+// queuedItem is an item, when it was queued (monoNow), its number (for a close's drop) and its
+// charge.
 type queuedItem struct {
 	it   outItem
 	at   int64
@@ -36,17 +40,25 @@ type queuedItem struct {
 	cost int64
 }
 
+// monoBase is the origin of monoNow's readings.
 var monoBase = time.Now()
 
-// monoNow is a monotonic reading in ns, cheaper to keep than a time.Time.
+// monoNow is a monotonic reading in ns, cheaper to keep than a time.Time (8 bytes, not 24, and
+// atomic as an int64).
 func monoNow() int64 { return int64(time.Since(monoBase)) }
 
 // outbox hands one channel's notifications (or the connection's blocked and unblocked) to their
 // listeners in frame order across listeners, as upstream (a basic.return before the ack that
 // settles its DeferredConfirmation; apps rely on it), on a workQueue goroutine that exists only
-// while items wait: an unread listener holds back only its own channel. One goroutine at a time
-// produces into it (the channel's dispatcher, or the drainer), so an idle outbox stays idle until
-// the producer queues, which may then hand a notification over inline.
+// while items wait: an unread listener holds back only its own channel.
+//
+// One goroutine at a time produces into it (the channel's dispatcher, or for the connection's,
+// the read turn's holder), so an idle outbox stays idle until the producer queues, which may
+// then hand a notification over inline (notifyAllInOrder), with no goroutine and no queueing.
+//
+// Locks: mu (workQueue's) guards the queue and the counts below it; lock, the owner's notifyM,
+// is held (read side) across a hand-over, as upstream holds it across notifyAll, and (write
+// side) to drop a listener. A dispatcher's outbox has drainConn.mu as its outer lock.
 type outbox struct {
 	workQueue[queuedItem] // the front is being handed over
 
@@ -56,23 +68,28 @@ type outbox struct {
 	retired    func()        // runs under outer when the outbox empties, if set
 	sliceTimer *time.Timer   // a blocked hand-over's slice (the goroutine's only)
 
-	// Under mu: queued numbers the items; up to dropThrough, they drop once dropAt passed (a close's).
+	// Under mu: queued numbers the items; those up to dropThrough drop once dropAt passed
+	// (a close's deadline, dropBefore).
 	queued      uint64
 	dropThrough uint64
 	dropAt      time.Time
 
 	// For Stats, the warnings and the stall policy (watch.go).
-	channel uint16         // the owner's channel id, 0 for the connection
-	bytes   int64          // what the waiting items are charged, under mu
-	notes   int            // notifications in the waiting items, under mu
-	watch   *watcher       // nil when nobody watches
-	forget  func(any) bool // closes and unregisters a dropped listener, under lock (write); false if not registered
-	dropped map[any]bool   // listeners given up on, under lock
+	channel uint16       // the owner's channel id, 0 for the connection
+	bytes   int64        // what the waiting items are charged, under mu
+	notes   int          // notifications in the waiting items, under mu
+	watch   *watcher     // nil when nobody watches
+	dropped map[any]bool // listeners given up on, under lock
+	// forget closes and unregisters a dropped listener, under lock (write side); false if it
+	// was not registered. Set for a channel's outbox only: blocked listeners are never dropped.
+	forget func(any) bool
 }
 
-// queue appends an item, charged, starting the goroutine, and returns its seq.
+// queue appends an item, charged, starting the goroutine if none runs, and returns its seq. The
+// watcher looks at the depth after mu is let go: it may log through the user's Logger.
 func (o *outbox) queue(it outItem) uint64 {
-	cost, at := it.cost(), monoNow()
+	cost := it.cost()
+	at := monoNow()
 	o.mu.Lock()
 	o.queued++
 	seq := o.queued
@@ -90,7 +107,9 @@ func (o *outbox) queue(it outItem) uint64 {
 	return seq
 }
 
-// dropBefore makes the items queued before seq, a close (0: all so far), droppable after wait.
+// dropBefore makes the items queued before seq, a close (0: all so far), droppable after wait:
+// a close waits for the notifications before it, but not for ever. Of two closes, the earlier
+// deadline and the later seq win.
 func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
 	at := time.Now().Add(wait)
 	o.mu.Lock()
@@ -112,7 +131,9 @@ func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
 // dropQueued makes everything queued so far droppable now.
 func (o *outbox) dropQueued() { o.dropBefore(0, 0) }
 
-// runItem hands an item over in slices doubling up to outboxMaxSlice, or drops it after a close's wait.
+// runItem hands an item over in slices doubling up to outboxMaxSlice, or drops it after a
+// close's wait. Between slices the notify lock is let go (handOver), so that upstream may close
+// the listeners, and the watcher may warn or drop the stalled listener.
 func (o *outbox) runItem(q queuedItem) {
 	for slice := outboxMinSlice; !q.it.handOver(o, slice, &o.sliceTimer); {
 		o.mu.Lock()
@@ -125,23 +146,27 @@ func (o *outbox) runItem(q queuedItem) {
 		if o.watch != nil {
 			o.watch.waiting(o, q.it, q.at)
 		}
-		if slice *= 2; slice > outboxMaxSlice {
+		slice *= 2
+		if slice > outboxMaxSlice {
 			slice = outboxMaxSlice
 		}
 	}
 }
 
-// doneItem uncounts a finished item, and forgets a close's deadline once no item it covers is left.
+// doneItem uncounts a finished item (under mu), and forgets a close's deadline once no item it
+// covers is left, so that items queued after the close are not dropped by it.
 func (o *outbox) doneItem(q queuedItem) int64 {
 	o.bytes -= q.cost
 	o.notes -= q.it.count()
 	if q.seq >= o.dropThrough {
-		o.dropThrough, o.dropAt = 0, time.Time{}
+		o.dropThrough = 0
+		o.dropAt = time.Time{}
 	}
 	return q.cost
 }
 
-// retire runs the owner's retired; the goroutine never parks.
+// retire runs the owner's retired (under outer and mu); an outbox's goroutine never parks: it
+// exists only while items wait.
 func (o *outbox) retire() bool {
 	if o.retired != nil {
 		o.retired()
@@ -149,7 +174,9 @@ func (o *outbox) retire() bool {
 	return false
 }
 
-// notifyAllInOrder hands vs to ls after what was queued: inline if idle and all have room.
+// notifyAllInOrder is upstream's notifyAll in frame order: it hands vs to ls after what was
+// queued. When the outbox is idle and every listener has room, it does so inline, allocating
+// nothing; else what is left is queued for the outbox's goroutine.
 func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T) {
 	if len(ls) == 0 || len(vs) == 0 {
 		return
@@ -163,7 +190,8 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 	o.queue(left)
 }
 
-// inOrder runs f after what was queued, and returns its seq (0: ran at once).
+// inOrder runs f after what was queued, and returns its seq (0: ran at once, as the outbox was
+// idle and only its producer calls this).
 func (o *outbox) inOrder(f func()) uint64 {
 	if o.idle() {
 		f()
@@ -172,14 +200,16 @@ func (o *outbox) inOrder(f func()) uint64 {
 	return o.queue(action(f))
 }
 
-// closeInOrder runs a close in order; what was queued before it is dropped after closeWait.
+// closeInOrder runs a close in order; what was queued before it is dropped after closeWait, so
+// that an unread listener cannot hold a channel's close for ever.
 func (o *outbox) closeInOrder(f func()) {
 	if seq := o.inOrder(f); seq > 0 {
 		o.dropBefore(seq, o.closeWait)
 	}
 }
 
-// notes are one frame's values for every listener of one kind.
+// notes are one frame's values for every listener of one kind: every value goes to every
+// listener, value by value; li and vi resume a blocked hand-over where it stopped.
 type notes[T any] struct {
 	ls     []chan T
 	vs     []T
@@ -187,10 +217,11 @@ type notes[T any] struct {
 	costOf func(T) int64
 }
 
+// count is the values held; drop has nothing to run: dropped notifications are just lost.
 func (n *notes[T]) count() int { return len(n.vs) }
 func (n *notes[T]) drop()      {}
 
-// kind names the listeners of values of type T.
+// kind names the listeners of values of type T, for Stats and the warnings.
 func (n *notes[T]) kind() ListenerKind {
 	switch any((*T)(nil)).(type) {
 	case *Confirmation:
@@ -207,7 +238,7 @@ func (n *notes[T]) kind() ListenerKind {
 	return ListenerKind(fmt.Sprintf("%T", *new(T)))
 }
 
-// blocked is the listener the hand-over waits for, or nil.
+// blocked is the listener the hand-over waits for, or nil: the one the stall policy drops.
 func (n *notes[T]) blocked() any {
 	if n.vi < len(n.vs) && n.li < len(n.ls) {
 		return n.ls[n.li]
@@ -215,6 +246,7 @@ func (n *notes[T]) blocked() any {
 	return nil
 }
 
+// cost is what the values cost for every listener: each listener holds its own copy.
 func (n *notes[T]) cost() int64 {
 	var c int64
 	for _, v := range n.vs {
@@ -223,7 +255,9 @@ func (n *notes[T]) cost() int64 {
 	return c
 }
 
-// handOver with slice 0 (the inline attempt) waits for nothing, not even the lock.
+// handOver sends what is left, each value to each listener. With slice 0 (the inline attempt)
+// it waits for nothing, not even the lock: the producer must not wait for a listener. Else a
+// full listener is waited for one slice, then handOver returns false for runItem to decide.
 func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) bool {
 	if slice > 0 {
 		o.lock.RLock()
@@ -239,6 +273,7 @@ func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) 
 			if o.dropped != nil && o.dropped[n.ls[n.li]] {
 				continue // closed by the stall policy
 			}
+			// Without waiting first: most listeners have room, and then no timer is armed.
 			select {
 			case n.ls[n.li] <- n.vs[n.vi]:
 				continue
@@ -259,15 +294,18 @@ func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) 
 }
 
 // action runs in order with the notifications: a cancelled consumer's end, a channel's close.
+// It runs even when dropped, as what it does is not a listener's to lose.
 type action func()
 
+// An action costs a frame, counts as one item, and is of no listener's kind.
 func (a action) handOver(*outbox, time.Duration, **time.Timer) bool { a(); return true }
 func (a action) drop()                                              { a() }
 func (a action) cost() int64                                        { return frameCost }
 func (a action) kind() ListenerKind                                 { return "" }
 func (a action) count() int                                         { return 1 }
 
-// settlement resolves DeferredConfirmations taken out of their set (take).
+// settlement resolves DeferredConfirmations taken out of their set (take), in order after the
+// notifications before them. Dropped, it still settles: a publisher waits on each.
 type settlement struct {
 	dcs []*DeferredConfirmation
 	ack bool
@@ -285,15 +323,19 @@ func (s *settlement) cost() int64        { return frameCost * int64(len(s.dcs)) 
 func (s *settlement) kind() ListenerKind { return KindDeferredConfirmation }
 func (s *settlement) count() int         { return len(s.dcs) }
 
-// take removes and returns what a confirm of tag (and every tag before it, if multiple) settles,
-// so that they settle later, in order, and nothing else does (upstream's reset and Close nack only
-// what is in the set). None is outside [from, last]: looking only there avoids walking a large set
-// behind an unread listener, as upstream's ConfirmMultiple does.
-func (d *deferredConfirmations) take(from, last, tag uint64, multiple bool) []*DeferredConfirmation {
+// take removes and returns what a confirm of tag (and every tag before it, if multiple)
+// settles, so that they settle later, in order, and nothing else does (upstream's reset and
+// Close nack only what is in the set). None is outside [from, last]: looking only there avoids
+// walking a large set behind an unread listener, as upstream's ConfirmMultiple does; a range
+// larger than the set is walked as the set instead.
+func (d *deferredConfirmations) take(
+	from, last, tag uint64, multiple bool,
+) []*DeferredConfirmation {
 	d.m.Lock()
 	defer d.m.Unlock()
 	if !multiple {
-		from, last = tag, tag
+		from = tag
+		last = tag
 	}
 	var dcs []*DeferredConfirmation
 	if last >= from && last-from < uint64(len(d.confirmations)) {

@@ -347,3 +347,21 @@ func TestUnitWorkCountWaitIdleTimes(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// TestUnitCloseAndRemoveKeepsQueuedList pins that dropping a listener leaves the list a queued
+// hand-over holds as it was: an in-place delete would shift it and zero its last entry, a nil
+// chan that the hand-over would wait on for ever.
+func TestUnitCloseAndRemoveKeepsQueuedList(t *testing.T) {
+	a, b, c := make(chan int, 1), make(chan int, 1), make(chan int, 1)
+	held := []chan int{a, b, c}
+	rest, found := closeAndRemove(held, b)
+	if !found || len(rest) != 2 || rest[0] != a || rest[1] != c {
+		t.Fatalf("closeAndRemove = %v, %v; want [a c], true", rest, found)
+	}
+	if held[0] != a || held[1] != b || held[2] != c {
+		t.Fatalf("the held list changed under its holder: %v", held)
+	}
+	if _, open := <-b; open {
+		t.Fatal("the dropped listener is not closed")
+	}
+}

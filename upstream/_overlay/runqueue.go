@@ -4,25 +4,33 @@ package amqp091
 
 // runQueue is the slice behind a queue whose taker runs, or is awake, only while items wait: a
 // workQueue's goroutine, or a consumer inbox's taker (inbox.go). The owner's lock guards it.
+//
+// running is the hand-shake between producer and taker: put reports whether the taker must be
+// started or woken (running was false), and front, finding nothing, sets running false, so that
+// the next put wakes it. Both run under the owner's lock, so a put never misses a taker that is
+// about to stop, and a burst of puts wakes the taker once.
 type runQueue[T any] struct {
 	items   []T // items[head:] wait; items[head] is the next
 	head    int
 	running bool
 }
 
-// keepItems: an emptied queue keeps a slice this big for the next burst (cheaper than reallocating).
+// keepItems: an emptied queue keeps a slice up to this big for the next burst, cheaper than
+// growing one again; a bigger one is let go, so a past spike does not hold memory.
 const keepItems = 1024
 
 // put appends v and reports whether the taker must be started or woken.
 func (q *runQueue[T]) put(v T) (start bool) {
 	if len(q.items) == cap(q.items) && q.head >= len(q.items)/2 {
-		// Slide down rather than grow: a queue that never empties must not keep all it ever held.
+		// Slide down rather than grow: a queue that never empties must not keep all it ever
+		// held. Half the slice is free (head ≥ len/2), so the copy is paid for by the puts.
 		n := copy(q.items, q.items[q.head:])
 		var zero T
 		for i := n; i < len(q.items); i++ {
 			q.items[i] = zero // upstream's go.mod predates clear
 		}
-		q.items, q.head = q.items[:n], 0
+		q.items = q.items[:n]
+		q.head = 0
 	}
 	q.items = append(q.items, v)
 	start = !q.running
@@ -30,7 +38,8 @@ func (q *runQueue[T]) put(v T) (start bool) {
 	return start
 }
 
-// front returns the next item, queued until drop; on none, the taker counts as gone for the next put.
+// front returns the next item, which stays queued until drop. On none, the taker counts as
+// stopped, so that the next put starts or wakes it again.
 func (q *runQueue[T]) front() (T, bool) {
 	if q.head == len(q.items) {
 		q.head = 0
@@ -46,7 +55,8 @@ func (q *runQueue[T]) front() (T, bool) {
 	return q.items[q.head], true
 }
 
-// drop takes the next item out, once it is done with.
+// drop takes the next item out, once it is done with, zeroing its slot so the slice holds no
+// pointer to it.
 func (q *runQueue[T]) drop() {
 	var zero T
 	q.items[q.head] = zero

@@ -12,7 +12,8 @@ import (
 	"time"
 )
 
-// The defaults of DrainerOptions.StallWarning, DepthWarning (a fraction of the budget), WarnInterval.
+// The defaults of DrainerOptions.StallWarning, DepthWarning (a fraction of the budget) and
+// WarnInterval.
 const (
 	defaultStallWarning = 5 * time.Second
 	defaultDepthWarning = 0.25
@@ -20,24 +21,35 @@ const (
 )
 
 // watcher warns before a stalled listener fills the budget (stalling every channel), at most
-// once an interval per sort, listener kind or consumer, and applies the stall policy, from code
-// that runs anyway (no goroutine or timer); nil without DrainerOptions.Logger and DropStalledListener.
+// once an interval per sort, listener kind or consumer, and applies the stall policy
+// (DropStalledListener). It is nil without DrainerOptions.Logger and DropStalledListener.
+//
+// Why it exists: an application that stops reading one NotifyReturn chan, or one consumer's
+// deliveries, makes the budget fill with what waits for it, and then the drainer stops reading
+// the socket for every channel. Without a warning, that looks like a broker gone quiet.
+//
+// It runs from code that runs anyway, with no goroutine or timer of its own: after an outbox
+// queues (queued) and after each slice a hand-over waited (waiting), after a consumer's inbox
+// queued (consumerQueued), and when reading pauses and resumes. None of these holds a lock when
+// it calls in, since the Logger is user code; mu, a leaf lock, guards only the rate limit.
 type watcher struct {
-	log       *slog.Logger // never nil: a discarding logger without Logger
-	obs       *Observer
-	budget    *budget
+	// log is never nil: a discarding logger without Logger, when the stall policy runs alone.
+	log       *slog.Logger
+	obs       *Observer     // for ListenerDropped; nil for none
+	budget    *budget       // the warnings report its high mark
 	stallAge  time.Duration // ≤ 0: no stall warning
 	depth     int64         // bytes; ≤ 0: no depth warning
-	interval  time.Duration
+	interval  time.Duration // the least time between two warnings with one key
 	dropAfter time.Duration // ≤ 0: never drop
 
-	dropped atomic.Uint64
+	dropped atomic.Uint64 // listeners dropped, for Stats
 
 	mu   sync.Mutex
-	last map[warnKey]time.Time
+	last map[warnKey]time.Time // when each warning was last logged
 }
 
-// warnKey is what a warning is about, for the rate limit.
+// warnKey is what a warning is about, for the rate limit: its sort (depth, stall), and the
+// listener kind and channel, or the consumer's channel and tag.
 type warnKey struct {
 	what    string
 	kind    ListenerKind
@@ -50,8 +62,15 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	if opts.Logger == nil && opts.DropStalledListener <= 0 {
 		return nil
 	}
-	w := &watcher{log: cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)), obs: opts.Observer, budget: b, interval: opts.WarnInterval,
-		stallAge: cmp.Or(opts.StallWarning, defaultStallWarning), dropAfter: opts.DropStalledListener, last: map[warnKey]time.Time{}}
+	w := &watcher{
+		log:       cmp.Or(opts.Logger, slog.New(slog.DiscardHandler)),
+		obs:       opts.Observer,
+		budget:    b,
+		interval:  opts.WarnInterval,
+		stallAge:  cmp.Or(opts.StallWarning, defaultStallWarning),
+		dropAfter: opts.DropStalledListener,
+		last:      map[warnKey]time.Time{},
+	}
 	if w.interval <= 0 {
 		w.interval = defaultWarnInterval
 	}
@@ -61,7 +80,9 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	return w
 }
 
-// allow reports whether a warning about k may be logged now, starting its interval.
+// allow reports whether a warning about k may be logged now, starting its interval. The map
+// keeps an entry per key ever warned about: a warning is logged at most once an interval per
+// key, however many items or deliveries trip it.
 func (w *watcher) allow(k warnKey) bool {
 	now := time.Now()
 	w.mu.Lock()
@@ -74,28 +95,35 @@ func (w *watcher) allow(k warnKey) bool {
 }
 
 // warnOutbox logs a warning about what o holds for kind, the oldest aged age.
-func (w *watcher) warnOutbox(msg string, kind ListenerKind, o *outbox, h outboxHead, age time.Duration) {
+func (w *watcher) warnOutbox(
+	msg string, kind ListenerKind, o *outbox, h outboxHead, age time.Duration,
+) {
 	w.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
 		slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
 		slog.Int("queued", h.items), slog.Int64("queued_bytes", h.bytes),
 		slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
 }
 
-// queued runs after an outbox queued an item: the depth warning.
+// queued runs after an outbox queued an item: the depth warning. The stall warning waits for
+// waiting, since a just-queued item has not waited yet.
 func (w *watcher) queued(o *outbox, h outboxHead) {
 	if w.depth > 0 && h.bytes >= w.depth && h.kind != "" &&
 		w.allow(warnKey{what: "depth", kind: h.kind, channel: o.channel}) {
-		w.warnOutbox("amqp: a listener holds a large share of the read budget", h.kind, o, h, h.age)
+		msg := "amqp: a listener holds a large share of the read budget"
+		w.warnOutbox(msg, h.kind, o, h, h.age)
 	}
 }
 
-// consumerQueued runs after a consumer buffer took a delivery: its warnings.
+// consumerQueued runs after a consumer's inbox queued a delivery: its depth or stall warning.
+// A consumer is never dropped: its deliveries are the broker's to requeue, not ours to lose.
 func (w *watcher) consumerQueued(st *bufferStat) {
 	bytes := st.bytes.Load()
+	// The oldest queued delivery's age; 0 once the inbox was emptied.
 	var age time.Duration
 	if at := st.oldest.Load(); at != 0 {
 		age = time.Duration(monoNow() - at)
 	}
+	// One warning a delivery at most, depth first: a deep inbox is what threatens the budget.
 	var what, msg string
 	switch {
 	case w.depth > 0 && bytes >= w.depth:
@@ -111,10 +139,13 @@ func (w *watcher) consumerQueued(st *bufferStat) {
 	w.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
 		slog.String("listener", string(KindConsumer)), slog.Int("channel", int(st.channel)),
 		slog.String("consumer_tag", st.tag), slog.Int64("queued", st.queued.Load()),
-		slog.Int64("queued_bytes", bytes), slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
+		slog.Int64("queued_bytes", bytes), slog.Duration("oldest", age),
+		slog.Int64("budget", w.budget.high))
 }
 
-// waiting runs after each slice the head item (queued at at) waited: stall warning and policy.
+// waiting runs on the outbox's goroutine after each slice the head item (queued at at) waited:
+// the stall warning, then the stall policy, which past dropAfter gives up the listener the
+// hand-over waits for, closing its chan, so that its channel's other listeners go on.
 func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	age := time.Duration(monoNow() - at)
 	kind := it.kind()
@@ -125,21 +156,32 @@ func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	if w.dropAfter <= 0 || age < w.dropAfter || o.forget == nil {
 		return
 	}
+	// Only notifications name the listener they wait for: an action or a settlement waits for
+	// none, and is never the stall's cause.
 	b, ok := it.(interface{ blocked() any })
 	if !ok || b.blocked() == nil || !o.dropListener(b.blocked()) {
 		return
 	}
 	w.dropped.Add(1)
 	h := o.holds()
-	w.log.LogAttrs(context.Background(), slog.LevelError, "amqp: dropped a stalled listener: its chan is closed and what was queued for it is dropped",
+	msg := "amqp: dropped a stalled listener: its chan is closed and what was queued for it" +
+		" is dropped"
+	w.log.LogAttrs(context.Background(), slog.LevelError, msg,
 		slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
 		slog.Duration("waited", age), slog.Duration("limit", w.dropAfter))
 	if w.obs != nil && w.obs.ListenerDropped != nil {
-		w.obs.ListenerDropped(ListenerStats{Kind: kind, Channel: o.channel, Queued: h.items, QueuedBytes: h.bytes, OldestAge: age})
+		w.obs.ListenerDropped(ListenerStats{
+			Kind:        kind,
+			Channel:     o.channel,
+			Queued:      h.items,
+			QueuedBytes: h.bytes,
+			OldestAge:   age,
+		})
 	}
 }
 
-// outboxHead is what an outbox holds, for the warnings.
+// outboxHead is what an outbox holds, for the warnings: taken under the outbox's mu, then
+// logged with no lock held.
 type outboxHead struct {
 	kind  ListenerKind // of the head item
 	items int          // notifications waiting, of every kind
@@ -158,13 +200,16 @@ func (o *outbox) holds() outboxHead {
 func (o *outbox) headLocked(now int64) outboxHead {
 	h := outboxHead{items: o.notes, bytes: o.bytes}
 	if waiting := o.items.queued(); len(waiting) > 0 {
-		h.kind, h.age = waiting[0].it.kind(), time.Duration(now-waiting[0].at)
+		h.kind = waiting[0].it.kind()
+		h.age = time.Duration(now - waiting[0].at)
 	}
 	return h
 }
 
 // dropListener closes and unregisters l (o.forget) and skips what is queued for it from now
 // on; false, closing nothing, if upstream closed the listeners or l is dropped or unregistered.
+// It holds the notify lock's write side, as upstream does to close listeners: no hand-over is
+// under way meanwhile, and upstream cannot close l too.
 func (o *outbox) dropListener(l any) bool {
 	o.lock.Lock()
 	defer o.lock.Unlock()
@@ -179,7 +224,8 @@ func (o *outbox) dropListener(l any) bool {
 }
 
 // forgetListener unregisters and closes a listener the stall policy gave up on. The caller
-// holds ch.notifyM for writing, as upstream when it closes the listeners: never both close one chan.
+// holds ch.notifyM for writing, as upstream when it closes the listeners: never both close one
+// chan. NotifyPublish's list is also guarded by confirms.m, which confirm holds to read it.
 func (ch *Channel) forgetListener(l any) (found bool) {
 	switch c := l.(type) {
 	case chan Confirmation:
@@ -196,25 +242,29 @@ func (ch *Channel) forgetListener(l any) (found bool) {
 	return found
 }
 
-// closeAndRemove closes c and removes it from ls, if it is there.
+// closeAndRemove closes c and returns ls without it, if it is there. The result is a new slice:
+// a queued hand-over keeps the old list (listenersOf), and slices.Delete in place would shift
+// its listeners under it and zero its last, a nil chan that nothing could ever be sent to.
 func closeAndRemove[T any](ls []chan T, c chan T) ([]chan T, bool) {
 	i := slices.Index(ls, c)
 	if i < 0 {
 		return ls, false
 	}
 	close(c)
-	return slices.Delete(ls, i, i+1), true
+	return slices.Delete(slices.Clone(ls), i, i+1), true
 }
 
-// listenerStats appends what waits in o, one entry per kind.
+// listenerStats appends what waits in o, one entry per kind (actions, of no kind, aside).
 func (o *outbox) listenerStats(out []ListenerStats, now int64) []ListenerStats {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	// This outbox's entries are out[start:], one per kind met: a handful at most, so a scan
+	// costs less than a map.
 	start := len(out)
 	for _, q := range o.items.queued() {
 		k := q.it.kind()
 		if k == "" {
-			continue
+			continue // an action: no listener's
 		}
 		i := start
 		for i < len(out) && out[i].Kind != k {
@@ -232,8 +282,10 @@ func (o *outbox) listenerStats(out []ListenerStats, now int64) []ListenerStats {
 	return out
 }
 
-// biggestHolder is the listener or consumer holding the most of the budget.
+// biggestHolder is the listener or consumer holding the most of the budget: what a pause's
+// warning names, as the likely cause.
 func (d *drainConn) biggestHolder() ListenerStats {
+	// A whole Stats walk, but only once a pause begins.
 	var s Stats
 	d.stats(&s, time.Now())
 	var best ListenerStats
@@ -244,26 +296,37 @@ func (d *drainConn) biggestHolder() ListenerStats {
 	}
 	for _, c := range s.Consumers {
 		if c.QueuedBytes > best.QueuedBytes {
-			best = ListenerStats{Kind: KindConsumer, Channel: c.Channel, Queued: c.Queued, QueuedBytes: c.QueuedBytes, OldestAge: c.OldestAge}
+			best = ListenerStats{
+				Kind:        KindConsumer,
+				Channel:     c.Channel,
+				Queued:      c.Queued,
+				QueuedBytes: c.QueuedBytes,
+				OldestAge:   c.OldestAge,
+			}
 		}
 	}
 	return best
 }
 
-// pauseBegan runs when the drainer stops reading for the budget.
+// pauseBegan runs when the drainer stops reading for the budget. The holder found now is kept
+// (pausedFor, the drainer goroutine's) so that the resume reports the same cause.
 func (d *drainConn) pauseBegan() {
 	d.budget.pauseBegan(time.Now())
 	if d.watch == nil && (d.obs == nil || d.obs.BudgetPaused == nil) {
-		return
+		return // nobody to tell: spare the Stats walk
 	}
 	holder := d.biggestHolder()
 	info := BudgetInfo{Limit: d.budget.high, Used: d.budget.usedNow(), Holder: holder}
 	d.pausedFor = holder
 	if d.watch != nil {
-		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn, "amqp: read budget full: the drainer stopped reading the socket until listeners and consumers take what waits",
+		msg := "amqp: read budget full: the drainer stopped reading the socket until" +
+			" listeners and consumers take what waits"
+		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
 			slog.Int64("budget", info.Limit), slog.Int64("used", info.Used),
-			slog.String("holder", string(holder.Kind)), slog.Int("holder_channel", int(holder.Channel)),
-			slog.Int("holder_queued", holder.Queued), slog.Int64("holder_bytes", holder.QueuedBytes),
+			slog.String("holder", string(holder.Kind)),
+			slog.Int("holder_channel", int(holder.Channel)),
+			slog.Int("holder_queued", holder.Queued),
+			slog.Int64("holder_bytes", holder.QueuedBytes),
 			slog.Duration("holder_oldest", holder.OldestAge))
 	}
 	if d.obs != nil && d.obs.BudgetPaused != nil {
@@ -271,13 +334,21 @@ func (d *drainConn) pauseBegan() {
 	}
 }
 
-// pauseEnded runs when the drainer reads again after a pause.
+// pauseEnded runs when the drainer reads again after a pause, or when the generation ended
+// during it; either way the pause's length goes to Stats.
 func (d *drainConn) pauseEnded() {
 	took := d.budget.pauseEnded(time.Now())
-	info := BudgetInfo{Limit: d.budget.high, Used: d.budget.usedNow(), Paused: took, Holder: d.pausedFor}
+	info := BudgetInfo{
+		Limit:  d.budget.high,
+		Used:   d.budget.usedNow(),
+		Paused: took,
+		Holder: d.pausedFor,
+	}
 	if d.watch != nil {
-		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn, "amqp: the drainer reads the socket again",
-			slog.Duration("paused", took), slog.Int64("used", info.Used), slog.Int64("budget", info.Limit))
+		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn,
+			"amqp: the drainer reads the socket again",
+			slog.Duration("paused", took), slog.Int64("used", info.Used),
+			slog.Int64("budget", info.Limit))
 	}
 	if d.obs != nil && d.obs.BudgetResumed != nil {
 		d.obs.BudgetResumed(info)

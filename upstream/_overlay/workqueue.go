@@ -9,12 +9,30 @@ import (
 )
 
 // workQueue runs items in order on a goroutine of its own, so that the drainer never waits
-// for them. The first item of a burst starts it; it retires when none is left or, if its handler
-// keeps it, parks for linger. Each item is charged to the budget until it ran and counted in work.
+// for them. The first item of a burst starts the goroutine; when none is left it retires, or,
+// if its handler keeps it, parks for linger, so that a burst of bursts shares one goroutine.
+// Each item is charged to the budget until it ran, and counted in work for a shutdown to wait
+// on. A channel's dispatcher (serialQueue) and every outbox are workQueues.
+//
+// The nesting under outer. A channel's dispatcher and its outbox retire together: when the
+// channel is closed, whichever of the two goroutines finds itself idle last, and sees the other
+// idle too, removes the dispatcher from drainConn.dispatchers (newDispatcher's retired funcs).
+// To decide, each holds its own mu, so that no put makes it busy meanwhile, and looks at the
+// other's: the dispatcher nests its outbox's mu under its own, and the outbox nests the
+// dispatcher's under its own, the two locks in both orders. Alone, that is a lock order
+// inversion: each goroutine would hold its lock and wait for the other's. It is safe because
+// both nest only under outer, drainConn.mu, taken first (next): one decides at a time.
+//
+// drainConn.mu also makes retiring atomic with a put: drainConn.dispatch looks the dispatcher up
+// and puts under it, so a job can neither reach a dispatcher just removed from the map (it would
+// start a goroutine there, beside the new dispatcher made for the next frame: out of frame
+// order) nor be missed by the retire check.
+// Never nest a dispatcher's mu and its outbox's without holding drainConn.mu.
 type workQueue[T any] struct {
 	budget *budget
 	work   *workCount // if set, counts the queued items for a shutdown to wait on
-	// outer, if set, is taken before mu on an empty queue, so retire runs under it (as do a dispatcher's puts).
+	// outer, if set, is taken before mu when the queue is found empty, so that retire runs
+	// under it (as do a dispatcher's puts): drainConn.mu, for a dispatcher and its outbox.
 	outer  *sync.Mutex
 	linger time.Duration          // how long an empty queue's goroutine parks; 0: it retires
 	ended  func() <-chan struct{} // if set, closed when a parked goroutine must retire
@@ -23,37 +41,44 @@ type workQueue[T any] struct {
 	items  runQueue[T]   // the front runs, and leaves the queue once done
 	parked bool          // the goroutine waits for wake
 	wake   chan struct{} // made with the first park; holds at most one wake-up token
-	timer  *time.Timer   // the linger, reused across parks (goroutine only)
+	timer  *time.Timer   // the linger, reused across parks (the goroutine's only)
 }
 
-// workHandler: runItem runs with no lock held; doneItem under mu once the item left the queue,
-// returning its charge; retire under outer (if set) and mu on an empty queue: may the goroutine park?
+// workHandler is what a workQueue's owner supplies. runItem runs with no lock held, so an item
+// may block (on a listener, a write) without holding up puts; doneItem runs under mu once the
+// item left the queue, returning its charge; retire runs under outer (if set) and mu when the
+// queue is empty, and says whether the goroutine may park (keep) rather than end.
 type workHandler[T any] interface {
 	runItem(T)
 	doneItem(T) (cost int64)
 	retire() (keep bool)
 }
 
-// putLocked queues v (q.mu held), charged, waking a parked goroutine; true: go q.loop once unlocked.
+// putLocked queues v (q.mu held), charged, waking a parked goroutine. It returns true when no
+// goroutine runs or is parked: the caller starts one (go q.loop) once it let go of mu.
 func (q *workQueue[T]) putLocked(v T, cost int64) (start bool) {
 	q.budget.charge(cost)
 	if q.work != nil {
 		q.work.add(1)
 	}
-	if start = q.items.put(v); start && q.parked {
+	start = q.items.put(v)
+	if start && q.parked {
 		q.wakeLocked()
 		return false
 	}
 	return start
 }
 
-// wakeLocked wakes the parked goroutine, under q.mu, counting it as running.
+// wakeLocked wakes the parked goroutine, under q.mu, counting it as running at once, so that a
+// put meanwhile does not start a second one.
 func (q *workQueue[T]) wakeLocked() {
-	q.parked, q.items.running = false, true
+	q.parked = false
+	q.items.running = true
 	q.wake <- struct{}{} // buffered, and empty while parked
 }
 
-// loop is the queue's goroutine: it runs the items, then parks or retires.
+// loop is the queue's goroutine: it runs the items, then parks or retires. An item stays at the
+// front while it runs, so that the queue counts as busy (idle is false) until it is done.
 func (q *workQueue[T]) loop(h workHandler[T]) {
 	for {
 		v, ok, park := q.next(h)
@@ -75,7 +100,10 @@ func (q *workQueue[T]) loop(h workHandler[T]) {
 	}
 }
 
-// next returns the front item; on none, under outer then mu, the handler retires: park or end?
+// next returns the front item. On none, it asks the handler whether to retire, under outer then
+// mu (workQueue's doc says why outer), and reports whether to park. mu is let go before outer
+// is taken: outer comes first in the lock order, and a put may slip in meanwhile, which the
+// second look (front, under both) sees.
 func (q *workQueue[T]) next(h workHandler[T]) (v T, ok, park bool) {
 	q.mu.Lock()
 	if len(q.items.queued()) == 0 && q.outer != nil {
@@ -95,7 +123,9 @@ func (q *workQueue[T]) next(h workHandler[T]) (v T, ok, park bool) {
 	return v, false, true
 }
 
-// parkUntilPut is true once a put or unpark woke the goroutine, false (it retires) at linger or end.
+// parkUntilPut waits, with no lock held, for a put or an unpark (true: run again), or for the
+// linger or the generation's end (false: the goroutine retires). A wake-up that races the
+// timeout is not lost: whoever woke it cleared parked under mu and sent the token.
 func (q *workQueue[T]) parkUntilPut() bool {
 	var ended <-chan struct{}
 	if q.ended != nil {
@@ -119,8 +149,9 @@ func (q *workQueue[T]) parkUntilPut() bool {
 	return false
 }
 
-// idle reports whether no item waits or runs (parked counts as idle). Only
-// the one who puts may act on true: it holds until it puts or unparks.
+// idle reports whether no item waits or runs (parked counts as idle). A queue turns busy only
+// by a put or an unpark, so only its producer may act on true, and only where no unpark can
+// come meanwhile (a dispatcher's are both under drainConn.mu, as is drainConn.dispatch's look).
 func (q *workQueue[T]) idle() bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -146,7 +177,8 @@ func startTimer(t **time.Timer, d time.Duration) <-chan time.Time {
 	return (*t).C
 }
 
-// stopTimer stops t and drains a sent value: a Reset starts afresh with either asynctimerchan.
+// stopTimer stops t and drains a value already sent, so that the next Reset starts afresh with
+// either setting of GODEBUG asynctimerchan (Go before 1.23 kept a fired value in the chan).
 func stopTimer(t *time.Timer) {
 	if !t.Stop() {
 		select {
@@ -156,15 +188,18 @@ func stopTimer(t *time.Timer) {
 	}
 }
 
-// serialQueue runs a channel dispatcher's jobs (parked for dispatcherLinger), or channel 0's.
+// serialQueue runs a channel dispatcher's jobs (parked for dispatcherLinger), or channel 0's
+// (conn0Work), in the order the reader queued them.
 type serialQueue struct {
 	workQueue[queuedJob]
 	retired func() (keep bool) // runs under outer when the queue empties: may it park?
-	// handleJob runs the jobs with no run func, by value: a pointer to the loop's copy would escape.
+	// handleJob runs the jobs with no run func, taking them by value: a pointer to the loop's
+	// copy would make it escape, an allocation per job.
 	handleJob func(queuedJob)
 }
 
-// queuedJob is a func to run, or what handleJob takes (needing no closure).
+// queuedJob is a func to run, or a frame for handleJob: a frame needs no closure, so a queued
+// delivery or method costs no allocation beyond the frame's own.
 type queuedJob struct {
 	run  func()
 	f    frame              // a method that starts no content
@@ -198,7 +233,8 @@ func (q *serialQueue) runItem(job queuedJob) {
 func (q *serialQueue) doneItem(job queuedJob) int64 { return job.cost }
 func (q *serialQueue) retire() bool                 { return q.retired == nil || q.retired() }
 
-// workCount counts a connection's queued jobs and outbox items, for a shutdown to wait for.
+// workCount counts a connection's queued jobs and outbox items, for a shutdown to wait for: a
+// flush must not end the connection while notifications are still being handed over.
 type workCount struct {
 	n atomic.Int64
 	wakeup
@@ -211,7 +247,8 @@ func (w *workCount) add(delta int64) {
 	}
 }
 
-// waitIdle waits until no work is queued (true) or deadline passed.
+// waitIdle waits until no work is queued (true) or deadline passed (false). It waits on the
+// wakeup, taken before each look at the count, so a wake between the look and the wait is kept.
 func (w *workCount) waitIdle(deadline time.Time) bool {
 	var timer *time.Timer
 	for {
