@@ -39,7 +39,9 @@ func (subs *consumers) loop(c startedConsumer) *consumerLoop {
 		closing: subs.acct.closing}
 }
 
-// finish releases and forgets an ended consumer's inbox (nothing reaches it).
+// finish releases and forgets an ended consumer's inbox. It runs only once nothing can
+// reach the inbox any more (its inbound chan or channel closed), so no delivery arrives
+// after its budget charge was released: that charge would never be released again.
 func (c startedConsumer) finish(acct *deliveryAcct) {
 	c.box.attach(nil) // before close(out): no hand-over may follow it
 	acct.budget.release(c.box.clear())
@@ -47,6 +49,11 @@ func (c startedConsumer) finish(acct *deliveryAcct) {
 }
 
 // bufferFor runs the loop, upstream's buffer (no budget), or hands over to ConsumeFunc.
+//
+// It runs on the goroutine upstream starts per consumer (consumers.add). A ConsumeFunc
+// takes the consumer over instead (takeDirect), and this goroutine leaves the consumers'
+// wait group at once: a channel's shutdown waits for that group, and must never wait for
+// a handler that the application's goroutine runs.
 func (subs *consumers) bufferFor(tag string, in chan *Delivery, out chan Delivery) {
 	acct := subs.acct
 	if acct == nil {
@@ -69,6 +76,12 @@ func (subs *consumers) bufferFor(tag string, in chan *Delivery, out chan Deliver
 }
 
 // run runs until the consumer ended and all queued before the end left.
+//
+// The Consume chan's deliveries leave only when the application receives them (wait's out
+// case), so a delivery is charged to the budget until the application has it: a slow
+// reader of the chan holds budget, and over the budget the drainer stops reading the
+// socket (TCP backpressure) instead of buffering without bound. ConsumeFunc's handler runs
+// on this goroutine, so its deliveries leave as it is called.
 func (l *consumerLoop) run() {
 	for {
 		if isClosing(l.closing) {
@@ -94,7 +107,10 @@ func (l *consumerLoop) run() {
 	}
 }
 
-// wait waits for one event, such as the Consume chan taking next (if set).
+// wait waits for one event, such as the Consume chan taking next (if set). One select
+// over every event the loop reacts to, so that a delivery offered on out never blocks the
+// loop's view of a close, a cancel, ctx's end or a new delivery: each of those changes
+// what the loop may hand over next.
 func (l *consumerLoop) wait(next *Delivery) {
 	var out chan Delivery
 	var v Delivery
@@ -155,7 +171,10 @@ func (l *consumerLoop) turnToTake() (turn chan struct{}, took bool) {
 	}
 }
 
-// inbound queues what upstream's send handed over; a closed chan is a cancel.
+// inbound queues what upstream's send handed over; a closed chan is a cancel. Upstream
+// closes a consumer's inbound chan as its cancel completes (consumers.cancel), and the
+// loop hands over what was queued by then before it ends: a cancel loses nothing that
+// came before it.
 func (l *consumerLoop) inbound(d *Delivery, ok bool) {
 	if !ok {
 		l.in = nil
@@ -181,7 +200,8 @@ func (subs *consumers) inboundChan(tag string) chan *Delivery {
 	return subs.chans[tag]
 }
 
-// cancelFedBy cancels tag only if in still feeds it (not a later reuse).
+// cancelFedBy cancels tag only if in still feeds it: a consumer tag may be reused by a
+// later Consume, whose consumer a late cancel of the first must not end.
 func (subs *consumers) cancelFedBy(tag string, in chan *Delivery) {
 	if subs.inboundChan(tag) == in {
 		subs.cancel(tag)

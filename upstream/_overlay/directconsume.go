@@ -4,6 +4,12 @@ package amqp091
 
 import "context"
 
+// The hand-over from Consume to ConsumeFunc. ConsumeFunc calls Consume, whose consumer
+// goroutine (bufferFor) must not run the loop itself: the loop runs on ConsumeFunc's
+// goroutine. The registration below tells bufferFor so, by tag, before Consume starts
+// that goroutine; the ready chan (capacity 1, so bufferFor never waits) carries the
+// started consumer across.
+
 // expectDirect registers tag for the calling ConsumeFunc, before its Consume.
 func (acct *deliveryAcct) expectDirect(tag string) chan startedConsumer {
 	ib := &acct.inboxes
@@ -27,7 +33,10 @@ func (acct *deliveryAcct) takeDirect(tag string) chan startedConsumer {
 	return ready
 }
 
-// withdrawDirect unregisters ready after a failed Consume, or ends its consumer.
+// withdrawDirect unregisters ready after a failed Consume, or ends its consumer. A failed
+// Consume may still have started the consumer (its basic.consume-ok came, then the call
+// failed): then bufferFor took the registration, and the consumer it sent must be ended
+// here, or its inbox would keep a budget charge for ever.
 func (acct *deliveryAcct) withdrawDirect(tag string, ready chan startedConsumer) {
 	ib := &acct.inboxes
 	ib.mu.Lock()
@@ -119,13 +128,17 @@ func (dc *directConsumer) readWithTurn() {
 	}
 }
 
-// ctxDone cancels the consumer; what arrived before cancel-ok is handled.
+// ctxDone cancels the consumer; what arrived before cancel-ok is handled. ctx's end is
+// not a drop: the broker may already have sent deliveries, which are the application's
+// (unacked ones would be redelivered elsewhere only after the channel closes).
 func (dc *directConsumer) ctxDone() {
 	dc.ended = dc.ctx.Err()
 	dc.cancel()
 }
 
 // deliver hands next to the handler, or drops it, or once failed requeues it (!autoAck).
+// The handler gets dc.cur, one Delivery for the whole consumption, so that a delivery
+// costs no allocation; a handler must not keep it past its return (ConsumeFunc's doc).
 func (dc *directConsumer) deliver(next *Delivery, drop bool) {
 	d := &dc.cur
 	*d = *next
@@ -154,7 +167,8 @@ func (dc *directConsumer) recycle(d *Delivery) {
 	d.Body = nil
 }
 
-// cancel cancels the consumer, or drops the rest if the channel is gone.
+// cancel cancels the consumer, or drops the rest if the channel is gone: with no channel
+// there is no cancel-ok to wait for, and nothing that arrives can be acknowledged.
 func (dc *directConsumer) cancel() {
 	if err := dc.ch.Cancel(dc.tag, false); err != nil {
 		dc.dropping = true
