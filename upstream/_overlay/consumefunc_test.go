@@ -62,9 +62,16 @@ func drainWhilePlainLegacy(conn *Connection) (wait func()) {
 		return func() {}
 	}
 	drained := make(chan struct{})
-	go func() {
+	go func() { // a program's own drain loop, with a bound on each drain
 		defer close(drained)
-		l.autoDrain(l.current())
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			err := conn.DrainEvents(ctx)
+			cancel()
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				return // Close, or the connection's end
+			}
+		}
 	}()
 	return func() { <-drained }
 }

@@ -96,7 +96,9 @@ func (c *Connection) handshakeTimeout() time.Duration {
 	return defaultConnectionTimeout
 }
 
-// start prepares a generation; only AutoDrain's goroutine reads without a caller.
+// start prepares a generation; only AutoDrain's goroutine reads without a caller. The
+// handshake's bound (handshakeBy) starts now, as upstream's dial deadline does, because
+// legacy's reads set their own deadlines and so replace the dial's.
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
 	g := &legacyGen{}
 	l.initGen(&g.readGen, conn)
@@ -122,9 +124,10 @@ func (l *legacyConn) start(conn io.ReadWriteCloser) {
 //     at consumerReads. No ConsumeFunc read: it waits for the lock as py-amqp would.
 //   - Otherwise the writer counts itself in writers, then interrupts the read (a read
 //     deadline of now) and waits for the lock.
-//   - A read, before it reads and after it took the lock, looks at writers (and at
-//     plainWriters when it is a ConsumeFunc's, counted in consumerReads first): any
-//     waiting writer, and it lets the lock go unread (errCutShort).
+//   - A read, after it took the lock and before it reads, looks at writers, and at
+//     plainWriters when a ConsumeFunc read is counted in consumerReads (it is this read:
+//     the turn allows one reader). Any such writer, and it lets the lock go unread
+//     (errCutShort).
 //
 // Each side counts itself before it looks at the other, so at least one of them sees the
 // other: a writer that found no ConsumeFunc read counted itself first, and the read that
@@ -231,7 +234,10 @@ func (l *legacyConn) handOn(g *readGen, step chanStep) {
 	}
 }
 
-// route0 is dispatch0 but for (un)blocked and replyOverflow's failure.
+// route0 is dispatch0 but for (un)blocked and replyOverflow's failure. Upstream's
+// dispatch0 sends a reply into c.rpc and waits for its caller; here the turn holder
+// routing it may be that very caller, reading for its own reply, so c.rpc is buffered
+// (connRPCCap), and a reply with no room fails the connection instead of hanging it.
 func (l *legacyConn) route0(g *readGen, f frame) (stop bool, err *Error) {
 	g.activity.frames.Add(1)
 	if mf, ok := f.(*methodFrame); ok {
@@ -248,7 +254,9 @@ func (l *legacyConn) route0(g *readGen, f frame) (stop bool, err *Error) {
 	return false, nil
 }
 
-// notifyBlocked holds notifyM (read): a listener closed under the send panics.
+// notifyBlocked sends to the NotifyBlocked listeners inline, as upstream does, under
+// notifyM (read): the teardown closes the listeners under notifyM (write), and a send to
+// a chan closed under it would panic.
 func (l *legacyConn) notifyBlocked(ls []chan Blocking, b Blocking) {
 	c := l.c
 	c.notifyM.RLock()
@@ -333,8 +341,10 @@ type closerKey struct{}
 
 func isCloser(ctx context.Context) bool { return ctx.Value(closerKey{}) != nil }
 
-// standInSend cuts a read short (the abandoned call's pump, maybe), as a
-// writer before c.sendM, whose holder may wait for that read.
+// standInSend cuts a read short (the abandoned call's pump, maybe), as a writer before
+// c.sendM, whose holder may wait for that read. urgent makes every read in progress or
+// to come give way until the close is written, in plain legacy too, and makes pump
+// return (cutShort) so that the abandoned call's own goroutine can notice its end.
 func (l *legacyConn) standInSend(send func() error) error {
 	l.urgent.Add(1)
 	l.writers.Add(1)
@@ -346,7 +356,8 @@ func (l *legacyConn) standInSend(send func() error) error {
 	return send()
 }
 
-// waitConfirm reads until a DeferredConfirmation is settled.
+// waitConfirm reads until a DeferredConfirmation is settled: in plain legacy nothing
+// else would read the broker's ack, so Wait reads for it, through the one reply wait.
 func (l *legacyConn) waitConfirm(ctx context.Context, done <-chan struct{}) error {
 	_, err := l.awaitReply(ctx, l.generation(), replyWait{done: done})
 	return err

@@ -67,6 +67,10 @@ type stepResult struct {
 var errCutShort = errors.New("amqp: read cut short")
 
 // readStep reads once and routes what is complete, the turn held.
+//
+// A read that brought bytes and failed (a reset after the last frame) fails the step
+// before its frames are routed, as upstream's reader fails on the read's error; the
+// frames were the broker's last, and the connection's end tells the same to everyone.
 func (b *readBase) readStep(g *readGen, lim stepLimits) stepResult {
 	rs := &g.read
 	hb := g.clock()
@@ -77,13 +81,11 @@ func (b *readBase) readStep(g *readGen, lim stepLimits) stepResult {
 		rs.lastRecv = time.Now()
 		rs.readEnd = rs.lastRecv
 		if hb.interval > 0 && hb.piggyback(rs.dutyAt, rs.lastRecv) {
-			if res.err = b.duty(g, hb.interval, rs.lastRecv); res.err != nil {
-				res.stop = true
-				return res
-			}
+			res.err = b.duty(g, hb.interval, rs.lastRecv)
 		}
 	}
 	switch {
+	case res.err != nil: // the heartbeat's write failed
 	case rerr == nil:
 	case errors.Is(rerr, errCutShort):
 	case errors.Is(rerr, errDeadline) && b.ownsDeadline(g, deadline):
