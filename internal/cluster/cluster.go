@@ -120,7 +120,8 @@ func (o Options) validate() error {
 	switch o.PartitionHandling {
 	case "ignore", "pause_minority", "autoheal":
 	default:
-		return fmt.Errorf("cluster: partition handling %q: want ignore, pause_minority or autoheal", o.PartitionHandling)
+		return fmt.Errorf("cluster: partition handling %q: want ignore, pause_minority or autoheal",
+			o.PartitionHandling)
 	}
 	if !filepath.IsAbs(o.Dir) {
 		// Paths end up in the nodes' environment, which runs elsewhere.
@@ -728,5 +729,6 @@ func Cleanup() error {
 // tools that cannot use [Cluster.Dial]. The caller sets Env, Stdout and
 // so on, and runs it.
 func (c *Cluster) Exec(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, ipCmd(), append([]string{"netns", "exec", hubNS, name}, args...)...)
+	argv := append([]string{"netns", "exec", hubNS, name}, args...)
+	return exec.CommandContext(ctx, ipCmd(), argv...)
 }

@@ -169,7 +169,10 @@ func (c *Cluster) clearDir() error {
 
 // writeState records the boot options in Dir, for Attach.
 func (c *Cluster) writeState() error {
-	st, err := json.Marshal(state{PartitionHandling: c.o.PartitionHandling, NetTicktime: c.o.NetTicktime})
+	st, err := json.Marshal(state{
+		PartitionHandling: c.o.PartitionHandling,
+		NetTicktime:       c.o.NetTicktime,
+	})
 	if err != nil {
 		return err
 	}
@@ -203,7 +206,8 @@ func (c *Cluster) configFiles() map[string]string {
 		"inetrc":            inetrc.String(),
 	}
 	for _, n := range Nodes {
-		files[filepath.Join(string(n), "rabbitmq.conf")] = fmt.Sprintf(`# written by amqp091-drainer's internal/cluster
+		files[filepath.Join(string(n), "rabbitmq.conf")] = fmt.Sprintf(
+			`# written by amqp091-drainer's internal/cluster
 listeners.tcp.default = %s
 # clients connect from the hub namespace, not from loopback
 loopback_users = none
@@ -224,7 +228,8 @@ func (c *Cluster) boot(n Node) error {
 	if err := os.WriteFile(c.pidFile(n), nil, 0o644); err != nil {
 		return err
 	}
-	out, err := os.OpenFile(filepath.Join(c.nodeDir(n), "log", "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	out, err := os.OpenFile(filepath.Join(c.nodeDir(n), "log", "stdout.log"),
+		os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -316,7 +321,8 @@ func (c *Cluster) Ctl(ctx context.Context, n Node, args ...string) (string, erro
 		if ctx.Err() != nil {
 			err = ctx.Err() // "signal: killed" would hide why
 		}
-		return stdout.String(), fmt.Errorf("cluster: rabbitmqctl -n %s %s: %w: %s", nodeName(n), strings.Join(args, " "), err, lastLines(msg, 3))
+		return stdout.String(), fmt.Errorf("cluster: rabbitmqctl -n %s %s: %w: %s",
+			nodeName(n), strings.Join(args, " "), err, lastLines(msg, 3))
 	}
 	return stdout.String(), nil
 }
@@ -353,7 +359,8 @@ func (c *Cluster) ours(n Node, p int) bool {
 		return false
 	}
 	env := environ(p)
-	return comm(p) == "beam.smp" && env["RABBITMQ_NODENAME"] == nodeName(n) && env["RABBITMQ_PID_FILE"] == c.pidFile(n)
+	return comm(p) == "beam.smp" && env["RABBITMQ_NODENAME"] == nodeName(n) &&
+		env["RABBITMQ_PID_FILE"] == c.pidFile(n)
 }
 
 func (c *Cluster) killVerified(n Node, p int) error {

@@ -84,7 +84,9 @@ func TestWriteFiles(t *testing.T) {
 		t.Fatalf("cookie: %v, %v", st, err)
 	}
 	for _, n := range Nodes {
-		for _, f := range []string{"rabbitmq.conf", "advanced.config", "enabled_plugins", "log", "mnesia"} {
+		for _, f := range []string{
+			"rabbitmq.conf", "advanced.config", "enabled_plugins", "log", "mnesia",
+		} {
 			if _, err := os.Stat(filepath.Join(dir, string(n), f)); err != nil {
 				t.Error(err)
 			}

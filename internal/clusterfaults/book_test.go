@@ -152,7 +152,8 @@ func TestBookAudit(t *testing.T) {
 	} {
 		b := bookOf(tc.started, tc.confirmed, tc.found)
 		lost, dups, phantoms, ids := b.audit()
-		if lost != tc.lost || dups != tc.dups || phantoms != tc.phantoms || !reflect.DeepEqual(ids, tc.lostIDs) {
+		if lost != tc.lost || dups != tc.dups || phantoms != tc.phantoms ||
+			!reflect.DeepEqual(ids, tc.lostIDs) {
 			t.Errorf("%s: audit = %d lost %v, %d duplicates, %d phantoms; want %d %v, %d, %d",
 				tc.name, lost, ids, dups, phantoms, tc.lost, tc.lostIDs, tc.dups, tc.phantoms)
 		}

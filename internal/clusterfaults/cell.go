@@ -199,10 +199,12 @@ func urlsFrom(c *cluster.Cluster, first cluster.Node) []string {
 
 // dialAdmin opens an upstream-mode connection to the first running node
 // from first on, for declaring, counting and fetching.
-func dialAdmin(ctx context.Context, c *cluster.Cluster, first cluster.Node) (*amqp.Connection, error) {
+func dialAdmin(ctx context.Context, c *cluster.Cluster, first cluster.Node) (*amqp.Connection,
+	error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return compat.DialCluster(ctx, urlsFrom(c, first), compat.Upstream, compat.WithDialer(c.DialContext))
+	return compat.DialCluster(ctx, urlsFrom(c, first), compat.Upstream,
+		compat.WithDialer(c.DialContext))
 }
 
 // RunCell injects f once while every variant publishes and consumes, and
@@ -561,7 +563,9 @@ func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, run
 		return err
 	}
 	for _, r := range runs {
-		if _, err := ch.QueueDeclare(r.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		_, err := ch.QueueDeclare(r.queue, true, false, false, false,
+			amqp.Table{"x-queue-type": "quorum"})
+		if err != nil {
 			return fmt.Errorf("declaring %s: %w", r.queue, err)
 		}
 	}

@@ -183,7 +183,8 @@ func pauseMinorityHeal(n cluster.Node) func(context.Context, *cluster.Cluster) (
 // side records what depends on who noticed first), and again until no
 // record is left; the note says what was done. Then it waits for three
 // running nodes.
-func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note string, err error) {
+func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note string,
+	err error) {
 	if err := c.Heal(); err != nil {
 		return "", err
 	}
@@ -200,13 +201,15 @@ func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (not
 			break
 		}
 		restart := loneNode(parts, n)
-		notes = append(notes, fmt.Sprintf("partition still recorded after the heal (%v): restarted %s's app", parts, restart))
+		notes = append(notes, fmt.Sprintf(
+			"partition still recorded after the heal (%v): restarted %s's app", parts, restart))
 		how, err := restartApp(ctx, c, restart)
 		if how != "" {
 			notes = append(notes, how)
 		}
 		if err != nil {
-			return strings.Join(notes, "; "), fmt.Errorf("restarting %s after a recorded partition: %w", restart, err)
+			return strings.Join(notes, "; "),
+				fmt.Errorf("restarting %s after a recorded partition: %w", restart, err)
 		}
 	}
 	return strings.Join(notes, "; "), c.WaitRunning(ctx, 3)
@@ -232,7 +235,8 @@ func restartApp(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note s
 	if err == nil || ctx.Err() != nil {
 		return "", err
 	}
-	note = fmt.Sprintf("%s's app did not restart within %v (%v): killed and booted its VM", n, appRestartBound, err)
+	note = fmt.Sprintf("%s's app did not restart within %v (%v): killed and booted its VM",
+		n, appRestartBound, err)
 	if kerr := c.Kill(n); kerr != nil {
 		return note, errors.Join(err, kerr)
 	}
@@ -279,7 +283,8 @@ func loneNode(parts map[string][]string, def cluster.Node) cluster.Node {
 func SetPartitionHandling(ctx context.Context, c *cluster.Cluster, mode string) error {
 	for _, n := range cluster.Nodes {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err := c.Ctl(cctx, n, "eval", fmt.Sprintf("application:set_env(rabbit, cluster_partition_handling, %s).", mode))
+		set := fmt.Sprintf("application:set_env(rabbit, cluster_partition_handling, %s).", mode)
+		_, err := c.Ctl(cctx, n, "eval", set)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("setting cluster_partition_handling %s on %s: %w", mode, n, err)

@@ -74,17 +74,20 @@ func TestTableJudges(t *testing.T) {
 		col  int
 		want string
 	}{
-		{"resumed in time", Result{Fault: f1, Variant: drainer, Resumed: true, Resume: 400 * time.Millisecond},
+		{"resumed in time",
+			Result{Fault: f1, Variant: drainer, Resumed: true, Resume: 400 * time.Millisecond},
 			colTarget, "1000 ms met"},
 		{"resumed at the target", Result{Fault: f1, Variant: drainer, Resumed: true, Resume: time.Second},
 			colTarget, "1000 ms met"},
-		{"resumed late", Result{Fault: f1, Variant: drainer, Resumed: true, Resume: 1500 * time.Millisecond},
+		{"resumed late",
+			Result{Fault: f1, Variant: drainer, Resumed: true, Resume: 1500 * time.Millisecond},
 			colTarget, "1000 ms **missed**"},
 		{"never resumed", Result{Fault: f1, Variant: drainer},
 			colTarget, "1000 ms **missed**"},
 		{"never resumed, said so", Result{Fault: f1, Variant: drainer},
 			colResumed, "not within the window"},
-		{"upstream is not judged", Result{Fault: f1, Variant: upstream, Resumed: true, Resume: 5 * time.Second},
+		{"upstream is not judged",
+			Result{Fault: f1, Variant: upstream, Resumed: true, Resume: 5 * time.Second},
 			colTarget, "1000 ms"},
 		{"5pmL: the client's share met", Result{Fault: f5pmL, Variant: drainer, Resumed: true,
 			Resume: 6 * time.Second, NackedFirst: true, AfterNack: 600 * time.Millisecond},
@@ -100,7 +103,8 @@ func TestTableJudges(t *testing.T) {
 			colGap, "12.3 s"},
 		{"confirmed of published", Result{Fault: f1, Variant: drainer, Confirmed: 980, Published: 1000},
 			colConfirm, "980 of 1000"},
-		{"failover's counters", Result{Fault: f1, Variant: drainer, Failovers: 1, Reopens: 2, Abandons: 3},
+		{"failover's counters",
+			Result{Fault: f1, Variant: drainer, Failovers: 1, Reopens: 2, Abandons: 3},
 			colCounter, "1 / 2 / 3"},
 		{"upstream recovers", Result{Fault: f1, Variant: upstream, Failovers: 1},
 			colCounter, "recovery"},
@@ -139,7 +143,11 @@ func TestTableRows(t *testing.T) {
 		{Fault: Fault{ID: "4"}, Round: 2, Variant: drainer, Leader: "a"},
 	})
 	lines := strings.Split(strings.TrimSuffix(got, "\n"), "\n")
-	want := [][]string{{"2", "1", "upstream", "b"}, {"2", "1", "drainer", "b"}, {"4", "2", "drainer", "a"}}
+	want := [][]string{
+		{"2", "1", "upstream", "b"},
+		{"2", "1", "drainer", "b"},
+		{"4", "2", "drainer", "a"},
+	}
 	if len(lines) != 2+len(want) {
 		t.Fatalf("%d lines, want %d:\n%s", len(lines), 2+len(want), got)
 	}

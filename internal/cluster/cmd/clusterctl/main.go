@@ -55,7 +55,8 @@ commands:
   partition N [peers|full] cut N from its peers (clients still reach it) | from everyone
   heal                     undo every cut
   leader QUEUE             the quorum queue's leader
-  wait [N]                 until N (default 3) nodes run, with no partition recorded (bounded by -boot-timeout)
+  wait [N]                 until N (default 3) nodes run, with no partition recorded
+                           (bounded by -boot-timeout)
   ctl N ARGS...            rabbitmqctl -n rabbit@amqpd-N ARGS...
   exec CMD...              run CMD in the hub namespace, AMQP091_CLUSTER_URLS exported
 N is a, b or c. flags:`)
