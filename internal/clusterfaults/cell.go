@@ -208,11 +208,12 @@ func dialAdmin(ctx context.Context, c *cluster.Cluster, first cluster.Node) (*am
 }
 
 // RunCell injects f once while every variant publishes and consumes, and
-// returns one Result per variant. Its phases run in this order, each named
-// for what it does to the cell; a failure to declare the queues ends the
-// cell at once, every other failure is recorded in the variant's Result
-// and the cell carries on, so that one variant's trouble does not cost
-// the others their measurement of a fault that was paid for once.
+// returns one Result per variant. Its phases are cell's methods, called in
+// this order. A failure to declare the queues ends the cell at once; any
+// other failure is recorded in its variant's Result (or, for the
+// injection and the repair, in every one) and the cell carries on, so
+// that one variant's trouble does not cost the others their measurement
+// of a fault that was paid for once.
 func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 	cfg.defaults()
 	k := newCell(cfg, f, round)
@@ -232,8 +233,9 @@ func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 
 // A cell is one RunCell: the variants' runs, the workload's goroutines
 // and the times its phases recorded. The phases run one after another on
-// RunCell's goroutine, so its fields need no lock; the runs they start
-// keep their own (book, timeline, consumerLog).
+// RunCell's goroutine, so the cell's own fields need no lock; the runs'
+// books, timelines and consumer logs, which the workload's goroutines
+// write, have locks of their own.
 type cell struct {
 	cfg     Config
 	c       *cluster.Cluster
@@ -271,9 +273,9 @@ func newCell(cfg Config, f Fault, round int) *cell {
 	return k
 }
 
-// queueName names a variant's queue in one cell. The time suffix keeps a
-// queue that an earlier run failed to delete (deleteQueue is best effort)
-// from being reused, with its messages, by this one.
+// queueName names a variant's queue in one cell. The time suffix makes it
+// unlikely that a queue an earlier run failed to delete (deleteQueue is
+// best effort) is reused, with its messages, by this one.
 func queueName(f Fault, round int, v Variant) string {
 	return fmt.Sprintf("clusterfaults-%s-r%d-%s-%d", strings.ReplaceAll(f.ID, "+", ""), round,
 		v.Name, time.Now().UnixNano()%1e6)
@@ -293,9 +295,9 @@ func (k *cell) deleteQueues() {
 	}
 }
 
-// declare declares the queues from the fault's leader node, which places
-// their leader there (the fault is aimed at it), and records the leader
-// the cluster reports, so that a table shows where the leader really was.
+// declare declares the queues from the fault's Leader node, which places
+// their leader there (each fault says where it wants it), and records the
+// leader the cluster reports, so that a table shows where it really was.
 func (k *cell) declare(ctx context.Context) error {
 	if err := declareQueues(ctx, k.c, k.f.Leader, k.runs); err != nil {
 		return err
@@ -340,8 +342,9 @@ func (k *cell) startWorkload(ctx context.Context) {
 	}
 }
 
-// openClosers opens, for every variant still running, a connection to the
-// publisher's node whose Close the fault will stall (the fault 7).
+// openClosers opens, for every variant whose publisher started, a
+// connection to the publisher's node whose Close the fault will stall
+// (the fault 7). A connection that cannot open fails its variant.
 func (k *cell) openClosers(ctx context.Context) {
 	for _, r := range k.runs {
 		if r.err != nil {
