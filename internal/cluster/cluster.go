@@ -120,7 +120,8 @@ func (o Options) validate() error {
 	switch o.PartitionHandling {
 	case "ignore", "pause_minority", "autoheal":
 	default:
-		return fmt.Errorf("cluster: partition handling %q: want ignore, pause_minority or autoheal", o.PartitionHandling)
+		return fmt.Errorf("cluster: partition handling %q: want ignore, pause_minority or autoheal",
+			o.PartitionHandling)
 	}
 	if !filepath.IsAbs(o.Dir) {
 		// Paths end up in the nodes' environment, which runs elsewhere.
@@ -501,61 +502,73 @@ func (c *Cluster) WaitRunning(ctx context.Context, want int) error {
 // recorded partition sees running and that say so themselves, with a
 // description for errors.
 func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
-	type view struct {
-		from       Node
-		running    []Node
-		partitions map[string][]string
-		err        error
-	}
 	views := make([]view, len(Nodes))
-	self := make([]bool, len(Nodes))
 	var wg sync.WaitGroup
 	for i, n := range Nodes {
-		wg.Go(func() {
-			views[i] = view{from: n}
-			if _, err := c.beamPID(n); err != nil {
-				views[i].err = err
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-			defer cancel()
-			self[i] = c.Running(cctx, n)
-			out, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
-			if err != nil {
-				views[i].err = err
-				return
-			}
-			var st struct {
-				RunningNodes []string            `json:"running_nodes"`
-				Partitions   map[string][]string `json:"partitions"`
-			}
-			if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
-				views[i].err = err
-				return
-			}
-			views[i].partitions = st.Partitions
-			for _, s := range st.RunningNodes {
-				if m, ok := nodeOf(s); ok {
-					views[i].running = append(views[i].running, m)
-				}
-			}
-		})
+		wg.Go(func() { views[i] = c.viewFrom(ctx, n) })
 	}
 	wg.Wait()
-	var best []Node
-	var desc []string
-	for i, v := range views {
+	return bestView(views)
+}
+
+// A view is what one node says of the cluster: whether its own app runs,
+// and the running nodes and partitions its cluster_status lists.
+type view struct {
+	from       Node
+	self       bool
+	running    []Node
+	partitions map[string][]string
+	err        error
+}
+
+// viewFrom asks n (within 15 s) whether its app runs and what it sees. A
+// node whose VM is down has no view: err says why.
+func (c *Cluster) viewFrom(ctx context.Context, n Node) view {
+	v := view{from: n}
+	if _, err := c.beamPID(n); err != nil {
+		v.err = err
+		return v
+	}
+	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	v.self = c.Running(cctx, n)
+	out, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
+	if err != nil {
+		v.err = err
+		return v
+	}
+	st, err := parseClusterStatus(out)
+	if err != nil {
+		v.err = err
+		return v
+	}
+	v.partitions = st.Partitions
+	for _, s := range st.RunningNodes {
+		if m, ok := nodeOf(s); ok {
+			v.running = append(v.running, m)
+		}
+	}
+	return v
+}
+
+// bestView picks, from the views of every node (in Nodes' order), the
+// longest list of running nodes that also say their app runs, among the
+// views that record no partition; desc describes every view, for errors.
+func bestView(views []view) (best []Node, desc string) {
+	var lines []string
+	for _, v := range views {
 		if v.err != nil {
-			desc = append(desc, fmt.Sprintf("%s: %v", v.from, firstLine(v.err.Error(), nil)))
+			lines = append(lines, fmt.Sprintf("%s: %v", v.from, firstLine(v.err.Error(), nil)))
 			continue
 		}
 		var ok []Node
 		for _, m := range v.running {
-			if self[idx(m)] {
+			if views[idx(m)].self {
 				ok = append(ok, m)
 			}
 		}
-		desc = append(desc, fmt.Sprintf("%s sees %v (app running: %v, partitions: %v)", Nodes[i], v.running, self[i], v.partitions))
+		lines = append(lines, fmt.Sprintf("%s sees %v (app running: %v, partitions: %v)",
+			v.from, v.running, v.self, v.partitions))
 		if len(v.partitions) > 0 {
 			continue // a view across a recorded partition is no healthy cluster
 		}
@@ -563,7 +576,20 @@ func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
 			best = ok
 		}
 	}
-	return best, strings.Join(desc, "; ")
+	return best, strings.Join(lines, "; ")
+}
+
+// clusterStatus is the part of `rabbitmqctl cluster_status` we read.
+type clusterStatus struct {
+	RunningNodes []string            `json:"running_nodes"`
+	Partitions   map[string][]string `json:"partitions"`
+}
+
+// parseClusterStatus reads `rabbitmqctl cluster_status --formatter json`.
+func parseClusterStatus(out string) (clusterStatus, error) {
+	var st clusterStatus
+	err := json.Unmarshal([]byte(jsonPart(out)), &st)
+	return st, err
 }
 
 // each runs f for every node in parallel and joins the errors.
@@ -611,6 +637,21 @@ func (c *Cluster) Status(ctx context.Context) string {
 		}
 		fmt.Fprintf(&b, "%s %s pid=%d rss=%dMiB url=%s\n", n, nodeName(n), p, rssMiB(p), c.URL(n))
 	}
+	for _, s := range c.seenFromEach(ctx) {
+		if s != "" {
+			b.WriteString(s + "\n")
+		}
+	}
+	for _, n := range Nodes {
+		b.WriteString(netStatus(ctx, n) + "\n")
+	}
+	return b.String()
+}
+
+// seenFromEach asks every node whose VM runs, in parallel and within 20 s
+// each, what it sees; a line per node, in Nodes' order, "" for a node
+// that is down.
+func (c *Cluster) seenFromEach(ctx context.Context) []string {
 	seen := make([]string, len(Nodes))
 	var wg sync.WaitGroup
 	for i, n := range Nodes {
@@ -620,48 +661,47 @@ func (c *Cluster) Status(ctx context.Context) string {
 		wg.Go(func() {
 			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
-			out, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
-			if err != nil {
-				seen[i] = fmt.Sprintf("seen from %s: no answer (%s)", n, firstLine(err.Error(), nil))
-				return
-			}
-			var st struct {
-				RunningNodes []string            `json:"running_nodes"`
-				Partitions   map[string][]string `json:"partitions"`
-			}
-			if err := json.Unmarshal([]byte(jsonPart(out)), &st); err != nil {
-				seen[i] = fmt.Sprintf("seen from %s: %v", n, err)
-				return
-			}
-			seen[i] = fmt.Sprintf("seen from %s: running %s | partitions: %v", n, strings.Join(st.RunningNodes, " "), st.Partitions)
+			seen[i] = c.seenFrom(cctx, n)
 		})
 	}
 	wg.Wait()
-	for _, s := range seen {
-		if s != "" {
-			b.WriteString(s + "\n")
+	return seen
+}
+
+// seenFrom is one line of what n says it sees, or why it said nothing.
+func (c *Cluster) seenFrom(ctx context.Context, n Node) string {
+	out, err := c.Ctl(ctx, n, "cluster_status", "--formatter", "json")
+	if err != nil {
+		return fmt.Sprintf("seen from %s: no answer (%s)", n, firstLine(err.Error(), nil))
+	}
+	st, err := parseClusterStatus(out)
+	if err != nil {
+		return fmt.Sprintf("seen from %s: %v", n, err)
+	}
+	return fmt.Sprintf("seen from %s: running %s | partitions: %v",
+		n, strings.Join(st.RunningNodes, " "), st.Partitions)
+}
+
+// netStatus describes n's network: the state of its link in the hub
+// (down under a full cut) and the addresses its namespace blackholes (its
+// peers', under a cut from them).
+func netStatus(ctx context.Context, n Node) string {
+	routes, err := ip(ctx, "-n", nodeNS(n), "route", "show", "type", "blackhole")
+	if err != nil {
+		return fmt.Sprintf("net %s: no namespace", n)
+	}
+	var holes []string
+	for line := range strings.Lines(routes) {
+		if f := strings.Fields(line); len(f) >= 2 {
+			holes = append(holes, f[1])
 		}
 	}
-	for _, n := range Nodes {
-		routes, err := ip(ctx, "-n", nodeNS(n), "route", "show", "type", "blackhole")
-		if err != nil {
-			fmt.Fprintf(&b, "net %s: no namespace\n", n)
-			continue
-		}
-		var holes []string
-		for line := range strings.Lines(routes) {
-			if f := strings.Fields(line); len(f) >= 2 {
-				holes = append(holes, f[1])
-			}
-		}
-		link, _ := ip(ctx, "-br", "-n", hubNS, "link", "show", hubVeth(n))
-		state := "?"
-		if f := strings.Fields(link); len(f) >= 2 {
-			state = f[1]
-		}
-		fmt.Fprintf(&b, "net %s: hub link %s, blackholed: %v\n", n, state, holes)
+	link, _ := ip(ctx, "-br", "-n", hubNS, "link", "show", hubVeth(n))
+	state := "?"
+	if f := strings.Fields(link); len(f) >= 2 {
+		state = f[1]
 	}
-	return b.String()
+	return fmt.Sprintf("net %s: hub link %s, blackholed: %v", n, state, holes)
 }
 
 // rssMiB is p's resident memory, 0 if unknown.
@@ -689,5 +729,6 @@ func Cleanup() error {
 // tools that cannot use [Cluster.Dial]. The caller sets Env, Stdout and
 // so on, and runs it.
 func (c *Cluster) Exec(ctx context.Context, name string, args ...string) *exec.Cmd {
-	return exec.CommandContext(ctx, ipCmd(), append([]string{"netns", "exec", hubNS, name}, args...)...)
+	argv := append([]string{"netns", "exec", hubNS, name}, args...)
+	return exec.CommandContext(ctx, ipCmd(), argv...)
 }

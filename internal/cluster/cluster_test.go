@@ -90,7 +90,8 @@ func TestCluster(t *testing.T) {
 
 	t.Run("options reach the nodes", func(t *testing.T) {
 		for _, n := range Nodes {
-			out, err := c.Ctl(ctx, n, "eval", "{net_kernel:get_net_ticktime(), application:get_env(rabbit, cluster_partition_handling)}.")
+			out, err := c.Ctl(ctx, n, "eval", "{net_kernel:get_net_ticktime(), "+
+				"application:get_env(rabbit, cluster_partition_handling)}.")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -104,7 +105,8 @@ func TestCluster(t *testing.T) {
 		for _, n := range Nodes {
 			ch := channel(t, c, n)
 			if n == A {
-				_, err := ch.QueueDeclare(selfTestQueue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+				_, err := ch.QueueDeclare(selfTestQueue, true, false, false, false,
+					amqp.Table{"x-queue-type": "quorum"})
 				if err != nil {
 					t.Fatalf("declare on %s: %v", n, err)
 				}
@@ -121,7 +123,9 @@ func TestCluster(t *testing.T) {
 				}
 				continue
 			}
-			if _, err := ch.QueueDeclarePassive(selfTestQueue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+			_, err := ch.QueueDeclarePassive(selfTestQueue, true, false, false, false,
+				amqp.Table{"x-queue-type": "quorum"})
+			if err != nil {
 				t.Fatalf("queue not visible on %s: %v", n, err)
 			}
 		}
@@ -343,7 +347,8 @@ func channel(t *testing.T, c *Cluster, n Node) *amqp.Channel {
 // messages counts the self-test queue's ready messages, asking n.
 func messages(t *testing.T, c *Cluster, n Node) int {
 	t.Helper()
-	q, err := channel(t, c, n).QueueDeclarePassive(selfTestQueue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	q, err := channel(t, c, n).QueueDeclarePassive(selfTestQueue, true, false, false, false,
+		amqp.Table{"x-queue-type": "quorum"})
 	if err != nil {
 		t.Fatalf("passive declare on %s: %v", n, err)
 	}
@@ -381,7 +386,8 @@ func tcpFromHub(ctx context.Context, c *Cluster, addr string) error {
 func tcpFrom(ctx context.Context, from, to Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	conn, err := dialIn(ctx, nsPath(nodeNS(from)), "tcp", fmt.Sprintf("%s:%d", nodeIP(to), distPort(to)))
+	addr := fmt.Sprintf("%s:%d", nodeIP(to), distPort(to))
+	conn, err := dialIn(ctx, nsPath(nodeNS(from)), "tcp", addr)
 	if err != nil {
 		return err
 	}
@@ -434,7 +440,9 @@ func TestWithoutCluster(t *testing.T) {
 		t.Error("the system node taken for one of ours")
 	}
 	o := Options{}.withDefaults()
-	if err := o.validate(); err != nil || o.PartitionHandling != "ignore" || o.NetTicktime != 60 || o.BootTimeout != 2*time.Minute {
+	err := o.validate()
+	if err != nil || o.PartitionHandling != "ignore" || o.NetTicktime != 60 ||
+		o.BootTimeout != 2*time.Minute {
 		t.Errorf("defaults %+v: %v", o, err)
 	}
 	if err := (Options{PartitionHandling: "pause_all"}).withDefaults().validate(); err == nil {

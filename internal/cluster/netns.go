@@ -30,7 +30,8 @@ func ip(ctx context.Context, args ...string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, ipCmd(), args...).CombinedOutput()
 	if err != nil {
-		return string(out), fmt.Errorf("cluster: ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return string(out), fmt.Errorf("cluster: ip %s: %w: %s", strings.Join(args, " "), err,
+			strings.TrimSpace(string(out)))
 	}
 	return string(out), nil
 }
@@ -54,7 +55,8 @@ func netUp(ctx context.Context) error {
 		steps = append(steps,
 			[]string{"netns", "add", ns},
 			[]string{"-n", ns, "link", "set", "lo", "up"},
-			[]string{"link", "add", hubVeth(n), "netns", hubNS, "type", "veth", "peer", "name", "eth0", "netns", ns},
+			[]string{"link", "add", hubVeth(n), "netns", hubNS, "type", "veth",
+				"peer", "name", "eth0", "netns", ns},
 			[]string{"-n", hubNS, "link", "set", hubVeth(n), "master", bridge, "up"},
 			[]string{"-n", ns, "addr", "add", nodeIP(n) + "/24", "dev", "eth0"},
 			[]string{"-n", ns, "link", "set", "eth0", "up"},
@@ -119,10 +121,12 @@ func (c *Cluster) Partition(n Node, how Cut) error {
 			if o == n {
 				continue
 			}
-			if _, err := ip(ctx, "-n", nodeNS(n), "route", "replace", "blackhole", nodeIP(o)+"/32"); err != nil {
+			_, err := ip(ctx, "-n", nodeNS(n), "route", "replace", "blackhole", nodeIP(o)+"/32")
+			if err != nil {
 				return err
 			}
-			if _, err := ip(ctx, "-n", nodeNS(o), "route", "replace", "blackhole", nodeIP(n)+"/32"); err != nil {
+			_, err = ip(ctx, "-n", nodeNS(o), "route", "replace", "blackhole", nodeIP(n)+"/32")
+			if err != nil {
 				return err
 			}
 		}

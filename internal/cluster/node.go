@@ -120,39 +120,82 @@ func (c *Cluster) env(n Node) []string {
 // writeFiles creates a fresh Dir: cookie, env file, inetrc, and per node
 // config, plugins file, and empty data and log directories.
 func (c *Cluster) writeFiles() error {
+	if err := c.clearDir(); err != nil {
+		return err
+	}
+	home := filepath.Join(c.o.Dir, "home")
+	if err := os.MkdirAll(home, 0o700); err != nil {
+		return err
+	}
+	// The state first: it also marks Dir as ours for the next Start, even
+	// if this one fails half-way.
+	if err := c.writeState(); err != nil {
+		return err
+	}
+	if err := writeCookie(home); err != nil {
+		return err
+	}
+	for _, n := range Nodes {
+		for _, sub := range []string{"log", "mnesia"} {
+			if err := os.MkdirAll(filepath.Join(c.nodeDir(n), sub), 0o755); err != nil {
+				return err
+			}
+		}
+	}
+	for name, body := range c.configFiles() {
+		if err := os.WriteFile(filepath.Join(c.o.Dir, name), []byte(body), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clearDir removes Dir and all it holds. Dir is wiped, so it must be ours:
+// missing, empty, or holding an earlier cluster's state. A mistaken Dir
+// (a home, the checkout) must not be deleted.
+func (c *Cluster) clearDir() error {
 	d := c.o.Dir
-	// Dir is wiped, so it must be ours: missing, empty, or holding an
-	// earlier cluster's state. A mistaken Dir (a home, the checkout)
-	// must not be deleted.
 	if ents, err := os.ReadDir(d); err == nil && len(ents) > 0 {
 		if _, err := os.Stat(filepath.Join(d, stateFile)); err != nil {
-			return fmt.Errorf("cluster: %s is not empty and holds no cluster state (%s); not wiping it", d, stateFile)
+			return fmt.Errorf("cluster: %s is not empty and holds no cluster state (%s); not wiping it",
+				d, stateFile)
 		}
 	}
 	if err := os.RemoveAll(d); err != nil {
 		return fmt.Errorf("cluster: clear %s: %w", d, err)
 	}
-	home := filepath.Join(d, "home")
-	if err := os.MkdirAll(home, 0o700); err != nil {
-		return err
-	}
-	// The state first: it also marks d as ours for the next Start, even
-	// if this one fails half-way.
-	st, err := json.Marshal(state{PartitionHandling: c.o.PartitionHandling, NetTicktime: c.o.NetTicktime})
+	return nil
+}
+
+// writeState records the boot options in Dir, for Attach.
+func (c *Cluster) writeState() error {
+	st, err := json.Marshal(state{
+		PartitionHandling: c.o.PartitionHandling,
+		NetTicktime:       c.o.NetTicktime,
+	})
 	if err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(d, stateFile), st, 0o644); err != nil {
-		return err
-	}
+	return os.WriteFile(filepath.Join(c.o.Dir, stateFile), st, 0o644)
+}
+
+// writeCookie writes a fresh random Erlang cookie into home, the nodes'
+// and the CLI's HOME: the nodes share it with each other and with no one
+// else (the system broker's cookie is never read).
+func writeCookie(home string) error {
 	cookie := make([]byte, 20)
 	if _, err := rand.Read(cookie); err != nil {
 		return err
 	}
 	// Erlang refuses a cookie file that others can read.
-	if err := os.WriteFile(filepath.Join(home, ".erlang.cookie"), []byte(strings.ToUpper(hex.EncodeToString(cookie))), 0o400); err != nil {
-		return err
-	}
+	text := strings.ToUpper(hex.EncodeToString(cookie))
+	return os.WriteFile(filepath.Join(home, ".erlang.cookie"), []byte(text), 0o400)
+}
+
+// configFiles returns the text files of Dir, by path within it: the empty
+// env file, the inetrc that resolves the nodes' host names, and each
+// node's config, advanced config and plugins file.
+func (c *Cluster) configFiles() map[string]string {
 	var inetrc strings.Builder
 	for _, n := range Nodes {
 		fmt.Fprintf(&inetrc, "{host, {%s}, [%q]}.\n", strings.ReplaceAll(nodeIP(n), ".", ","), nodeNS(n))
@@ -163,12 +206,8 @@ func (c *Cluster) writeFiles() error {
 		"inetrc":            inetrc.String(),
 	}
 	for _, n := range Nodes {
-		for _, sub := range []string{"log", "mnesia"} {
-			if err := os.MkdirAll(filepath.Join(c.nodeDir(n), sub), 0o755); err != nil {
-				return err
-			}
-		}
-		files[filepath.Join(string(n), "rabbitmq.conf")] = fmt.Sprintf(`# written by amqp091-drainer's internal/cluster
+		files[filepath.Join(string(n), "rabbitmq.conf")] = fmt.Sprintf(
+			`# written by amqp091-drainer's internal/cluster
 listeners.tcp.default = %s
 # clients connect from the hub namespace, not from loopback
 loopback_users = none
@@ -179,12 +218,7 @@ log.console = false
 		files[filepath.Join(string(n), "advanced.config")] = "[].\n"
 		files[filepath.Join(string(n), "enabled_plugins")] = "[].\n"
 	}
-	for name, body := range files {
-		if err := os.WriteFile(filepath.Join(d, name), []byte(body), 0o644); err != nil {
-			return err
-		}
-	}
-	return nil
+	return files
 }
 
 // boot starts rabbitmq-server for n inside its namespace, in a session of
@@ -194,7 +228,8 @@ func (c *Cluster) boot(n Node) error {
 	if err := os.WriteFile(c.pidFile(n), nil, 0o644); err != nil {
 		return err
 	}
-	out, err := os.OpenFile(filepath.Join(c.nodeDir(n), "log", "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	out, err := os.OpenFile(filepath.Join(c.nodeDir(n), "log", "stdout.log"),
+		os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}
@@ -286,7 +321,8 @@ func (c *Cluster) Ctl(ctx context.Context, n Node, args ...string) (string, erro
 		if ctx.Err() != nil {
 			err = ctx.Err() // "signal: killed" would hide why
 		}
-		return stdout.String(), fmt.Errorf("cluster: rabbitmqctl -n %s %s: %w: %s", nodeName(n), strings.Join(args, " "), err, lastLines(msg, 3))
+		return stdout.String(), fmt.Errorf("cluster: rabbitmqctl -n %s %s: %w: %s",
+			nodeName(n), strings.Join(args, " "), err, lastLines(msg, 3))
 	}
 	return stdout.String(), nil
 }
@@ -323,7 +359,8 @@ func (c *Cluster) ours(n Node, p int) bool {
 		return false
 	}
 	env := environ(p)
-	return comm(p) == "beam.smp" && env["RABBITMQ_NODENAME"] == nodeName(n) && env["RABBITMQ_PID_FILE"] == c.pidFile(n)
+	return comm(p) == "beam.smp" && env["RABBITMQ_NODENAME"] == nodeName(n) &&
+		env["RABBITMQ_PID_FILE"] == c.pidFile(n)
 }
 
 func (c *Cluster) killVerified(n Node, p int) error {

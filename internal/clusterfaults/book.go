@@ -3,6 +3,7 @@ package clusterfaults
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sort"
 	"sync"
 	"time"
@@ -154,4 +155,23 @@ func (b *book) audit() (lost, dups, phantoms int, lostIDs []string) {
 	}
 	sort.Strings(lostIDs)
 	return lost, dups, phantoms, lostIDs
+}
+
+// account fills res's ledger: distinct IDs published and confirmed, the
+// audit's lost, duplicate and phantom counts, and how the publish calls
+// ended. It reads the books once the cell's goroutines have ended.
+func (b *book) account(res *Result) {
+	res.Lost, res.Duplicates, res.Phantoms, res.LostIDs = b.audit()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	res.Published = len(b.started)
+	res.Confirmed = len(b.confirmed)
+	res.Redelivered = b.redeliv
+	res.Unsettled = b.unsettled
+	res.Failed = b.failed
+	res.Longest = b.longest
+	for e, n := range b.errs {
+		res.Errors = append(res.Errors, fmt.Sprintf("%dx %s", n, e))
+	}
+	sort.Strings(res.Errors)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -200,207 +199,324 @@ func urlsFrom(c *cluster.Cluster, first cluster.Node) []string {
 
 // dialAdmin opens an upstream-mode connection to the first running node
 // from first on, for declaring, counting and fetching.
-func dialAdmin(ctx context.Context, c *cluster.Cluster, first cluster.Node) (*amqp.Connection, error) {
+func dialAdmin(ctx context.Context, c *cluster.Cluster, first cluster.Node) (*amqp.Connection,
+	error) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	return compat.DialCluster(ctx, urlsFrom(c, first), compat.Upstream, compat.WithDialer(c.DialContext))
+	return compat.DialCluster(ctx, urlsFrom(c, first), compat.Upstream,
+		compat.WithDialer(c.DialContext))
 }
 
 // RunCell injects f once while every variant publishes and consumes, and
-// returns one Result per variant.
+// returns one Result per variant. Its phases are cell's methods, called in
+// this order. A failure to declare the queues ends the cell at once; any
+// other failure is recorded in its variant's Result (or, for the
+// injection and the repair, in every one) and the cell carries on, so
+// that one variant's trouble does not cost the others their measurement
+// of a fault that was paid for once.
 func RunCell(ctx context.Context, cfg Config, f Fault, round int) []Result {
 	cfg.defaults()
-	c := cfg.Cluster
-	logf := func(format string, args ...any) {
-		cfg.Logf("[fault %s round %d] "+format, append([]any{f.ID, round}, args...)...)
+	k := newCell(cfg, f, round)
+	defer k.deleteQueues()
+	if err := k.declare(ctx); err != nil {
+		return k.failAll(err)
 	}
-	results := make([]Result, len(cfg.Variants))
-	runs := make([]*run, len(cfg.Variants))
+	k.startWorkload(ctx)
+	k.warmUp(ctx)
+	k.inject(ctx)
+	k.holdFault(ctx)
+	k.repair(ctx)
+	k.stopPublishing()
+	k.drain(ctx)
+	return k.judge()
+}
+
+// A cell is one RunCell: the variants' runs, the workload's goroutines
+// and the times its phases recorded. The phases run one after another on
+// RunCell's goroutine, so the cell's own fields need no lock; the runs'
+// books, timelines and consumer logs, which the workload's goroutines
+// write, have locks of their own.
+type cell struct {
+	cfg     Config
+	c       *cluster.Cluster
+	f       Fault
+	round   int
+	runs    []*run
+	results []Result
+
+	// stopPub and stopCons end the publishers' and the consumers'
+	// contexts; pubs and cons wait for their goroutines.
+	stopPub, stopCons context.CancelFunc
+	pubs, cons        sync.WaitGroup
+	// closers are the connections Close is timed on (Fault.CloseDuring).
+	closers []*stalledConn
+
+	// tInject is when the injection began (the consumer is judged from
+	// it), tFault when it returned (the publisher is judged from it),
+	// tRepair when the repair began (the end of the gaps measured).
+	tInject, tFault, tRepair time.Time
+	repairNote               string
+	repairErr                error
+}
+
+// newCell sets up one run per variant, each with a queue of its own: the
+// variants share the fault, never a queue, so each one's books count only
+// its own messages.
+func newCell(cfg Config, f Fault, round int) *cell {
+	k := &cell{cfg: cfg, c: cfg.Cluster, f: f, round: round}
+	k.results = make([]Result, len(cfg.Variants))
+	k.runs = make([]*run, len(cfg.Variants))
 	for i, v := range cfg.Variants {
-		results[i] = Result{Fault: f, Variant: v, Round: round}
-		runs[i] = &run{cfg: &cfg, v: v, f: f, b: newBook(),
-			queue: fmt.Sprintf("clusterfaults-%s-r%d-%s-%d", strings.ReplaceAll(f.ID, "+", ""), round, v.Name, time.Now().UnixNano()%1e6)}
+		k.results[i] = Result{Fault: f, Variant: v, Round: round}
+		k.runs[i] = &run{cfg: &k.cfg, v: v, f: f, b: newBook(), queue: queueName(f, round, v)}
 	}
-	defer func() {
-		for _, r := range runs {
-			r.deleteQueue(c)
-		}
-	}()
+	return k
+}
 
-	// Queues: declared from the leader's node, which places their leader
-	// there.
-	if err := declareQueues(ctx, c, f.Leader, runs); err != nil {
-		for i := range results {
-			results[i].Err = err
-		}
-		return results
-	}
-	if l, err := c.Leader(ctx, runs[0].queue); err == nil {
-		for i := range results {
-			results[i].Leader = string(l)
-		}
-	}
+// queueName names a variant's queue in one cell. The time suffix makes it
+// unlikely that a queue an earlier run failed to delete (deleteQueue is
+// best effort) is reused, with its messages, by this one.
+func queueName(f Fault, round int, v Variant) string {
+	return fmt.Sprintf("clusterfaults-%s-r%d-%s-%d", strings.ReplaceAll(f.ID, "+", ""), round,
+		v.Name, time.Now().UnixNano()%1e6)
+}
 
-	// Consumers, publishers, and the stalled connections Close is timed on.
+// logf narrates the cell, each line prefixed with the fault and round.
+func (k *cell) logf(format string, args ...any) {
+	k.cfg.Logf("[fault %s round %d] "+format, append([]any{k.f.ID, k.round}, args...)...)
+}
+
+// deleteQueues removes every variant's queue, whatever phase the cell
+// ended in: quorum queues left behind would keep their messages (and
+// their Raft members) on the cluster for the next cells.
+func (k *cell) deleteQueues() {
+	for _, r := range k.runs {
+		r.deleteQueue(k.c)
+	}
+}
+
+// declare declares the queues from the fault's Leader node, which places
+// their leader there (each fault says where it wants it), and records the
+// leader the cluster reports, so that a table shows where it really was.
+func (k *cell) declare(ctx context.Context) error {
+	if err := declareQueues(ctx, k.c, k.f.Leader, k.runs); err != nil {
+		return err
+	}
+	if l, err := k.c.Leader(ctx, k.runs[0].queue); err == nil {
+		for i := range k.results {
+			k.results[i].Leader = string(l)
+		}
+	}
+	return nil
+}
+
+// failAll ends a cell that could not be set up: every variant's Result
+// carries err, and nothing was measured.
+func (k *cell) failAll(err error) []Result {
+	for i := range k.results {
+		k.results[i].Err = err
+	}
+	return k.results
+}
+
+// startWorkload starts every variant's consumer and publisher, and, for a
+// fault that times Close, the stalled connections. A publisher that
+// cannot start fails its variant (run.err) but not the cell.
+func (k *cell) startWorkload(ctx context.Context) {
 	pubCtx, stopPub := context.WithCancel(ctx)
 	consCtx, stopCons := context.WithCancel(ctx)
-	var pubs, cons sync.WaitGroup
-	for _, r := range runs {
-		cons.Add(1)
-		go func() { defer cons.Done(); r.consume(consCtx, c) }()
+	k.stopPub = stopPub
+	k.stopCons = stopCons
+	for _, r := range k.runs {
+		k.cons.Go(func() { r.consume(consCtx, k.c) })
 	}
-	for _, r := range runs {
-		if err := r.startPublisher(ctx, c); err != nil {
+	for _, r := range k.runs {
+		if err := r.startPublisher(ctx, k.c); err != nil {
 			r.err = err
 			continue
 		}
-		pubs.Add(1)
-		go func() { defer pubs.Done(); r.publish(pubCtx) }()
+		k.pubs.Go(func() { r.publish(pubCtx) })
 	}
-	var closers []*stalledConn
-	if f.CloseDuring {
-		for _, r := range runs {
-			if r.err != nil {
-				continue
-			}
-			sc, err := openStalled(ctx, c, r)
-			if err != nil {
-				r.err = fmt.Errorf("connection for Close: %w", err)
-				continue
-			}
-			closers = append(closers, sc)
-		}
+	if k.f.CloseDuring {
+		k.openClosers(ctx)
 	}
+}
 
-	// Warm up: every variant confirms a second's worth before the fault.
+// openClosers opens, for every variant whose publisher started, a
+// connection to the publisher's node whose Close the fault will stall
+// (the fault 7). A connection that cannot open fails its variant.
+func (k *cell) openClosers(ctx context.Context) {
+	for _, r := range k.runs {
+		if r.err != nil {
+			continue
+		}
+		sc, err := openStalled(ctx, k.c, r)
+		if err != nil {
+			r.err = fmt.Errorf("connection for Close: %w", err)
+			continue
+		}
+		k.closers = append(k.closers, sc)
+	}
+}
+
+// warmUp waits until every running variant has confirmed a second's worth
+// of messages, so that the fault meets publishers in their steady state
+// and a gap measures the fault, not a slow start. Past 30 s the cell goes
+// on, and says so.
+func (k *cell) warmUp(ctx context.Context) {
 	warm := WaitFor(ctx, 30*time.Second, func() bool {
-		for _, r := range runs {
-			if r.err == nil && r.b.confirmedCount() < cfg.Rate {
+		for _, r := range k.runs {
+			if r.err == nil && r.b.confirmedCount() < k.cfg.Rate {
 				return false
 			}
 		}
 		return true
 	})
 	if !warm {
-		logf("warm-up: not every variant confirmed %d messages within 30 s", cfg.Rate)
+		k.logf("warm-up: not every variant confirmed %d messages within 30 s", k.cfg.Rate)
 	}
+}
 
-	logf("inject: %s", f.Name)
+// inject does the fault and marks it on every timeline, then sets the
+// timed Closes going. A failed injection fails every variant: what they
+// did was not under the fault.
+func (k *cell) inject(ctx context.Context) {
+	k.logf("inject: %s", k.f.Name)
 	// A kill returns once the node's process is gone, which may be after
 	// the consumer noticed and consumed elsewhere: the consumer is
 	// judged from the start of the injection.
-	tInject := time.Now()
-	if err := f.Inject(ctx, c); err != nil {
-		for _, r := range runs {
+	k.tInject = time.Now()
+	if err := k.f.Inject(ctx, k.c); err != nil {
+		for _, r := range k.runs {
 			r.err = errors.Join(r.err, fmt.Errorf("inject: %w", err))
 		}
 	}
-	tFault := time.Now()
-	for _, r := range runs {
-		r.tl.add(tFault, "fault")
+	k.tFault = time.Now()
+	for _, r := range k.runs {
+		r.tl.add(k.tFault, "fault")
 	}
-	for _, sc := range closers {
-		sc.closeAfter(stallProof(cfg))
+	for _, sc := range k.closers {
+		sc.closeAfter(stallProof(k.cfg))
 	}
+}
 
-	// Wait until every variant resumed, or the window ends; then hold a
-	// cut for its time, or keep publishing a little after a kill.
-	WaitFor(ctx, cfg.Window, func() bool {
-		for _, r := range runs {
-			if _, ok := r.b.resumedAfter(tFault); r.err == nil && !ok {
+// holdFault waits until every running variant resumed, or the window
+// ends; then it keeps a cut for the rest of its Hold, or, once the Hold
+// is over (a kill has none), lets the workload run 2 s more, so that the
+// longest gap and the books cover some time after the resume too.
+func (k *cell) holdFault(ctx context.Context) {
+	WaitFor(ctx, k.cfg.Window, func() bool {
+		for _, r := range k.runs {
+			if _, ok := r.b.resumedAfter(k.tFault); r.err == nil && !ok {
 				return false
 			}
 		}
 		return true
 	})
-	if rest := f.Hold - time.Since(tFault); rest > 0 {
-		pause(ctx, rest)
-	} else {
-		pause(ctx, 2*time.Second)
+	rest := k.f.Hold - time.Since(k.tFault)
+	if rest <= 0 {
+		rest = 2 * time.Second
 	}
-	tRepair := time.Now()
-	for _, r := range runs {
-		r.tl.add(tRepair, "repair")
-	}
-	logf("repair")
-	repairCtx, cancelRepair := context.WithTimeout(ctx, 5*time.Minute)
-	repairNote, repairErr := f.Repair(repairCtx, c)
-	cancelRepair()
-	if repairErr != nil {
-		logf("repair: %v", repairErr)
-	}
-	if repairNote != "" {
-		logf("repair: %s", repairNote)
-	}
+	pause(ctx, rest)
+}
 
-	// Stop publishing; every publish call ends within its bound.
-	stopPub()
-	pubs.Wait()
-	for _, r := range runs {
+// repair undoes the fault, marking it on every timeline. The repair is
+// bounded (5 minutes: a node's VM may need killing and booting again);
+// its note and error go into every Result.
+func (k *cell) repair(ctx context.Context) {
+	k.tRepair = time.Now()
+	for _, r := range k.runs {
+		r.tl.add(k.tRepair, "repair")
+	}
+	k.logf("repair")
+	repairCtx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	k.repairNote, k.repairErr = k.f.Repair(repairCtx, k.c)
+	cancel()
+	if k.repairErr != nil {
+		k.logf("repair: %v", k.repairErr)
+	}
+	if k.repairNote != "" {
+		k.logf("repair: %s", k.repairNote)
+	}
+}
+
+// stopPublishing ends the publishers and waits for them: every publish
+// call ends within its bound, so this is bounded too. Then it closes the
+// publishers and waits for the timed Closes, whose times the judge reads.
+func (k *cell) stopPublishing() {
+	k.stopPub()
+	k.pubs.Wait()
+	for _, r := range k.runs {
 		r.closePublisher()
 	}
-	for _, sc := range closers {
+	for _, sc := range k.closers {
 		sc.wait()
 	}
+}
 
-	// Let the consumers catch up with the queues, then fetch what is left.
+// drain lets the consumers catch up with the queues (for up to 60 s), stops
+// them, and fetches what is left, so that a confirmed message counts as
+// lost only if the queue no longer holds it.
+func (k *cell) drain(ctx context.Context) {
 	WaitFor(ctx, 60*time.Second, func() bool {
-		for _, r := range runs {
-			if n, err := r.depth(ctx, c); err != nil || n > 0 {
+		for _, r := range k.runs {
+			if n, err := r.depth(ctx, k.c); err != nil || n > 0 {
 				return false
 			}
 		}
 		return true
 	})
-	stopCons()
-	cons.Wait()
-	for _, r := range runs {
-		if err := r.fetchRest(ctx, c); err != nil {
+	k.stopCons()
+	k.cons.Wait()
+	for _, r := range k.runs {
+		if err := r.fetchRest(ctx, k.c); err != nil {
 			r.err = errors.Join(r.err, fmt.Errorf("fetching what is left: %w", err))
 		}
 	}
+}
 
-	for i, r := range runs {
-		res := &results[i]
-		res.Resume, res.Resumed = r.b.resumedAfter(tFault)
-		res.MaxGap = r.b.maxGap(tFault, tRepair)
-		if res.Resumed && r.fp != nil {
-			resumed := tFault.Add(res.Resume)
-			if at, ok := r.tl.lastBefore("nack", tFault, resumed); ok {
-				res.AfterNack, res.NackedFirst = resumed.Sub(at), true
-			}
-		}
-		res.Published, res.Confirmed = len(r.b.started), r.b.confirmedCount()
-		res.Lost, res.Duplicates, res.Phantoms, res.LostIDs = r.b.audit()
-		res.Redelivered = r.b.redeliv
-		res.Unsettled, res.Failed, res.Longest = r.b.unsettled, r.b.failed, r.b.longest
-		for e, n := range r.b.errs {
-			res.Errors = append(res.Errors, fmt.Sprintf("%dx %s", n, e))
-		}
-		sort.Strings(res.Errors)
-		res.Nacks, res.Failovers, res.Reopens, res.Abandons = r.counters()
-		if r.fp != nil {
-			res.Timeline = r.tl.since(tFault, tRepair)
-		}
-		res.ConsumerResume, res.ConsumerReconnects, res.ConsumerResumed = r.cl.resumedAfter(tInject)
-		res.Err = errors.Join(res.Err, r.err)
+// judge turns the books into the Results, once every goroutine of the
+// cell has ended: each variant's measurements, the time its timed Close
+// took, and what the repair found.
+func (k *cell) judge() []Result {
+	for i, r := range k.runs {
+		k.measure(r, &k.results[i])
 	}
-	for _, sc := range closers {
-		for i := range results {
-			if results[i].Variant.Name == sc.r.v.Name {
-				results[i].Close, results[i].CloseErr = sc.took, sc.errText
+	for _, sc := range k.closers {
+		for i := range k.results {
+			if k.results[i].Variant.Name == sc.r.v.Name {
+				k.results[i].Close = sc.took
+				k.results[i].CloseErr = sc.errText
 			}
 		}
 	}
-	for i := range results {
-		results[i].RepairNote = repairNote
-	}
-	if repairErr != nil {
-		for i := range results {
-			results[i].Err = errors.Join(results[i].Err, fmt.Errorf("repair: %w", repairErr))
+	for i := range k.results {
+		k.results[i].RepairNote = k.repairNote
+		if k.repairErr != nil {
+			k.results[i].Err = errors.Join(k.results[i].Err, fmt.Errorf("repair: %w", k.repairErr))
 		}
 	}
-	return results
+	return k.results
+}
+
+// measure fills res from r's books: the publisher's resume and gaps from
+// the fault, the ledger, the publisher's counters and timeline (package
+// failover's only: the baseline keeps none), and the consumer's resume
+// from the injection.
+func (k *cell) measure(r *run, res *Result) {
+	res.Resume, res.Resumed = r.b.resumedAfter(k.tFault)
+	res.MaxGap = r.b.maxGap(k.tFault, k.tRepair)
+	if res.Resumed && r.fp != nil {
+		resumed := k.tFault.Add(res.Resume)
+		res.AfterNack, res.NackedFirst = r.tl.sinceLast("nack", k.tFault, resumed)
+	}
+	r.b.account(res)
+	res.Nacks, res.Failovers, res.Reopens, res.Abandons = r.counters()
+	if r.fp != nil {
+		res.Timeline = r.tl.since(k.tFault, k.tRepair)
+	}
+	res.ConsumerResume, res.ConsumerReconnects, res.ConsumerResumed = r.cl.resumedAfter(k.tInject)
+	res.Err = errors.Join(res.Err, r.err)
 }
 
 // stallProof is how long after the fault Close is called on the stalled
@@ -450,7 +566,9 @@ func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, run
 		return err
 	}
 	for _, r := range runs {
-		if _, err := ch.QueueDeclare(r.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		_, err := ch.QueueDeclare(r.queue, true, false, false, false,
+			amqp.Table{"x-queue-type": "quorum"})
+		if err != nil {
 			return fmt.Errorf("declaring %s: %w", r.queue, err)
 		}
 	}

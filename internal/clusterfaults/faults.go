@@ -61,47 +61,26 @@ type Fault struct {
 // Faults are the faults 1 to 7 (7 rides on 5; 5pm is 5 under
 // pause_minority instead of RabbitMQ's default ignore; 5pmL is 5pm with
 // the queue's leader on the cut node). hold is how long a partition is
-// kept.
+// kept. It is a table: each fault's injection and repair are built by the
+// helpers below it.
 func Faults(hold time.Duration) []Fault {
-	restart := func(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
-		return func(ctx context.Context, c *cluster.Cluster) (string, error) {
-			if err := c.Restart(ctx, n); err != nil {
-				return "", err
-			}
-			return "", c.WaitRunning(ctx, 3)
-		}
-	}
-	kill := func(n cluster.Node) func(context.Context, *cluster.Cluster) error {
-		return func(_ context.Context, c *cluster.Cluster) error { return c.Kill(n) }
-	}
-	cut := func(n cluster.Node, how cluster.Cut) func(context.Context, *cluster.Cluster) error {
-		return func(_ context.Context, c *cluster.Cluster) error { return c.Partition(n, how) }
-	}
-	heal := func(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
-		return func(ctx context.Context, c *cluster.Cluster) (string, error) { return HealAndRejoin(ctx, c, n) }
-	}
 	return []Fault{
 		{ID: "1", Name: "kill -9 of the queue leader (no client on it)",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: kill(cluster.A), Repair: restart(cluster.A)},
+			Inject: killNode(cluster.A), Repair: restartNode(cluster.A)},
 		{ID: "2", Name: "kill -9 of the publisher's node, the leader",
 			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: kill(cluster.B), Repair: restart(cluster.B)},
+			Inject: killNode(cluster.B), Repair: restartNode(cluster.B)},
 		{ID: "3", Name: "stop_app of the publisher's node, the leader",
 			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: func(ctx context.Context, c *cluster.Cluster) error { return c.StopApp(ctx, cluster.B) },
-			Repair: func(ctx context.Context, c *cluster.Cluster) (string, error) {
-				if err := c.StartApp(ctx, cluster.B); err != nil {
-					return "", err
-				}
-				return "", c.WaitRunning(ctx, 3)
-			}},
+			Inject: stopApp(cluster.B), Repair: startApp(cluster.B)},
 		{ID: "4", Name: "kill -9 of the consumer's node",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: kill(cluster.C), Repair: restart(cluster.C), ConsumerLost: true},
-		{ID: "5+7", Name: "the publisher's node cut from its peers, still reachable; Close() during the cut",
+			Inject: killNode(cluster.C), Repair: restartNode(cluster.C), ConsumerLost: true},
+		{ID: "5+7",
+			Name:   "the publisher's node cut from its peers, still reachable; Close() during the cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: cut(cluster.B, cluster.CutPeers), Hold: hold, Repair: heal(cluster.B),
+			Inject: cutNode(cluster.B, cluster.CutPeers), Hold: hold, Repair: healNode(cluster.B),
 			CloseDuring: true, Partition: true},
 		{ID: "5pm", Name: "the publisher's node cut from its peers, pause_minority",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
@@ -117,11 +96,58 @@ func Faults(hold time.Duration) []Fault {
 			Partition: true},
 		{ID: "6a", Name: "link of the publisher's node cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: cut(cluster.B, cluster.CutFull), Hold: hold, Repair: heal(cluster.B), Partition: true},
+			Inject: cutNode(cluster.B, cluster.CutFull), Hold: hold, Repair: healNode(cluster.B),
+			Partition: true},
 		{ID: "6b", Name: "link of the consumer's node cut",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
-			Inject: cut(cluster.C, cluster.CutFull), Hold: hold, Repair: heal(cluster.C), Partition: true,
-			ConsumerLost: true},
+			Inject: cutNode(cluster.C, cluster.CutFull), Hold: hold, Repair: healNode(cluster.C),
+			Partition: true, ConsumerLost: true},
+	}
+}
+
+// killNode kills n's VM (kill -9): a crash, as its peers and clients see
+// it.
+func killNode(n cluster.Node) func(context.Context, *cluster.Cluster) error {
+	return func(_ context.Context, c *cluster.Cluster) error { return c.Kill(n) }
+}
+
+// restartNode undoes killNode: it boots n again and waits until three
+// nodes run, so that the next cell meets a whole cluster.
+func restartNode(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+	return func(ctx context.Context, c *cluster.Cluster) (string, error) {
+		if err := c.Restart(ctx, n); err != nil {
+			return "", err
+		}
+		return "", c.WaitRunning(ctx, 3)
+	}
+}
+
+// stopApp stops RabbitMQ's app on n, its VM still up: clients get a
+// connection.close, not a silence.
+func stopApp(n cluster.Node) func(context.Context, *cluster.Cluster) error {
+	return func(ctx context.Context, c *cluster.Cluster) error { return c.StopApp(ctx, n) }
+}
+
+// startApp undoes stopApp and waits until three nodes run.
+func startApp(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+	return func(ctx context.Context, c *cluster.Cluster) (string, error) {
+		if err := c.StartApp(ctx, n); err != nil {
+			return "", err
+		}
+		return "", c.WaitRunning(ctx, 3)
+	}
+}
+
+// cutNode cuts n off as how says (from its peers only, or from everyone).
+func cutNode(n cluster.Node, how cluster.Cut) func(context.Context, *cluster.Cluster) error {
+	return func(_ context.Context, c *cluster.Cluster) error { return c.Partition(n, how) }
+}
+
+// healNode undoes cutNode, and whatever partition the nodes still record
+// after it (HealAndRejoin).
+func healNode(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+	return func(ctx context.Context, c *cluster.Cluster) (string, error) {
+		return HealAndRejoin(ctx, c, n)
 	}
 }
 
@@ -157,7 +183,8 @@ func pauseMinorityHeal(n cluster.Node) func(context.Context, *cluster.Cluster) (
 // side records what depends on who noticed first), and again until no
 // record is left; the note says what was done. Then it waits for three
 // running nodes.
-func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note string, err error) {
+func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note string,
+	err error) {
 	if err := c.Heal(); err != nil {
 		return "", err
 	}
@@ -174,13 +201,15 @@ func HealAndRejoin(ctx context.Context, c *cluster.Cluster, n cluster.Node) (not
 			break
 		}
 		restart := loneNode(parts, n)
-		notes = append(notes, fmt.Sprintf("partition still recorded after the heal (%v): restarted %s's app", parts, restart))
+		notes = append(notes, fmt.Sprintf(
+			"partition still recorded after the heal (%v): restarted %s's app", parts, restart))
 		how, err := restartApp(ctx, c, restart)
 		if how != "" {
 			notes = append(notes, how)
 		}
 		if err != nil {
-			return strings.Join(notes, "; "), fmt.Errorf("restarting %s after a recorded partition: %w", restart, err)
+			return strings.Join(notes, "; "),
+				fmt.Errorf("restarting %s after a recorded partition: %w", restart, err)
 		}
 	}
 	return strings.Join(notes, "; "), c.WaitRunning(ctx, 3)
@@ -206,7 +235,8 @@ func restartApp(ctx context.Context, c *cluster.Cluster, n cluster.Node) (note s
 	if err == nil || ctx.Err() != nil {
 		return "", err
 	}
-	note = fmt.Sprintf("%s's app did not restart within %v (%v): killed and booted its VM", n, appRestartBound, err)
+	note = fmt.Sprintf("%s's app did not restart within %v (%v): killed and booted its VM",
+		n, appRestartBound, err)
 	if kerr := c.Kill(n); kerr != nil {
 		return note, errors.Join(err, kerr)
 	}
@@ -253,7 +283,8 @@ func loneNode(parts map[string][]string, def cluster.Node) cluster.Node {
 func SetPartitionHandling(ctx context.Context, c *cluster.Cluster, mode string) error {
 	for _, n := range cluster.Nodes {
 		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		_, err := c.Ctl(cctx, n, "eval", fmt.Sprintf("application:set_env(rabbit, cluster_partition_handling, %s).", mode))
+		set := fmt.Sprintf("application:set_env(rabbit, cluster_partition_handling, %s).", mode)
+		_, err := c.Ctl(cctx, n, "eval", set)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("setting cluster_partition_handling %s on %s: %w", mode, n, err)

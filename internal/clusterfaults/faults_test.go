@@ -15,9 +15,19 @@ func TestMostNamedPicksTheNodeOnItsOwn(t *testing.T) {
 		parts map[string][]string
 		want  cluster.Node
 	}{
-		{map[string][]string{"rabbit@amqpd-a": {"rabbit@amqpd-b"}, "rabbit@amqpd-b": {"rabbit@amqpd-a", "rabbit@amqpd-c"}, "rabbit@amqpd-c": {"rabbit@amqpd-b"}}, cluster.B},
-		{map[string][]string{"rabbit@amqpd-b": {"rabbit@amqpd-a"}, "rabbit@amqpd-c": {"rabbit@amqpd-a"}}, cluster.A},
-		{map[string][]string{"rabbit@amqpd-a": {"rabbit@amqpd-b", "rabbit@amqpd-c"}, "rabbit@amqpd-c": {"rabbit@amqpd-a"}}, cluster.A},
+		{map[string][]string{
+			"rabbit@amqpd-a": {"rabbit@amqpd-b"},
+			"rabbit@amqpd-b": {"rabbit@amqpd-a", "rabbit@amqpd-c"},
+			"rabbit@amqpd-c": {"rabbit@amqpd-b"},
+		}, cluster.B},
+		{map[string][]string{
+			"rabbit@amqpd-b": {"rabbit@amqpd-a"},
+			"rabbit@amqpd-c": {"rabbit@amqpd-a"},
+		}, cluster.A},
+		{map[string][]string{
+			"rabbit@amqpd-a": {"rabbit@amqpd-b", "rabbit@amqpd-c"},
+			"rabbit@amqpd-c": {"rabbit@amqpd-a"},
+		}, cluster.A},
 		{map[string][]string{}, cluster.B},
 	} {
 		if got := loneNode(tc.parts, cluster.B); got != tc.want {

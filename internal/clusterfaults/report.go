@@ -12,7 +12,9 @@ import (
 func Table(cfg Config, results []Result) string {
 	cfg.defaults()
 	var sb strings.Builder
-	sb.WriteString("| fault | round | variant | leader | resumed after | target | longest gap | confirmed | nacks | failovers / reopens / abandons | duplicates | redelivered | lost | unsettled | Close during the cut |\n")
+	sb.WriteString("| fault | round | variant | leader | resumed after | target | longest gap " +
+		"| confirmed | nacks | failovers / reopens / abandons | duplicates | redelivered | lost " +
+		"| unsettled | Close during the cut |\n")
 	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		resume := "not within the window"
@@ -31,7 +33,8 @@ func Table(cfg Config, results []Result) string {
 				if r.AfterNack > ClientShare {
 					share = "**missed**"
 				}
-				target += fmt.Sprintf("; %s after the last nack, ≤ %s %s", ms(r.AfterNack), ms(ClientShare), share)
+				target += fmt.Sprintf("; %s after the last nack, ≤ %s %s",
+					ms(r.AfterNack), ms(ClientShare), share)
 			}
 		}
 		counters := fmt.Sprintf("%d / %d / %d", r.Failovers, r.Reopens, r.Abandons)
@@ -49,9 +52,11 @@ func Table(cfg Config, results []Result) string {
 		if r.Lost > 0 {
 			lost = "**" + lost + "**"
 		}
-		fmt.Fprintf(&sb, "| %s | %d | %s | %s | %s | %s | %s | %d of %d | %d | %s | %d | %d | %s | %d | %s |\n",
+		fmt.Fprintf(&sb, "| %s | %d | %s | %s | %s | %s | %s | %d of %d | %d | %s | %d | %d | %s "+
+			"| %d | %s |\n",
 			r.Fault.ID, r.Round, r.Variant.Name, r.Leader, resume, target, ms(r.MaxGap),
-			r.Confirmed, r.Published, r.Nacks, counters, r.Duplicates, r.Redelivered, lost, r.Unsettled, closeCell)
+			r.Confirmed, r.Published, r.Nacks, counters, r.Duplicates, r.Redelivered, lost,
+			r.Unsettled, closeCell)
 	}
 	return sb.String()
 }
@@ -60,7 +65,8 @@ func Table(cfg Config, results []Result) string {
 func Legend(faults []Fault) string {
 	var sb strings.Builder
 	for _, f := range faults {
-		fmt.Fprintf(&sb, "- fault %s: %s (leader %s, publisher on %s, consumer on %s)\n", f.ID, f.Name, f.Leader, f.Publisher, f.Consumer)
+		fmt.Fprintf(&sb, "- fault %s: %s (leader %s, publisher on %s, consumer on %s)\n",
+			f.ID, f.Name, f.Leader, f.Publisher, f.Consumer)
 	}
 	return sb.String()
 }

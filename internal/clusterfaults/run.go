@@ -84,9 +84,11 @@ func (l *consumerLog) resumedAfter(t time.Time) (d time.Duration, reconsumes int
 func (r *run) options() []compat.Option {
 	switch r.v.Mode {
 	case compat.Drainer:
-		return []compat.Option{compat.WithDrainerOptions(amqp.DrainerOptions{CloseTimeout: r.cfg.CloseTimeout})}
+		o := amqp.DrainerOptions{CloseTimeout: r.cfg.CloseTimeout}
+		return []compat.Option{compat.WithDrainerOptions(o)}
 	case compat.Legacy, compat.LegacyAutoDrain:
-		return []compat.Option{compat.WithLegacyOptions(amqp.LegacyOptions{CloseTimeout: r.cfg.CloseTimeout})}
+		o := amqp.LegacyOptions{CloseTimeout: r.cfg.CloseTimeout}
+		return []compat.Option{compat.WithLegacyOptions(o)}
 	}
 	return nil
 }
@@ -111,7 +113,8 @@ func (ro *rotor) dial(ctx context.Context) (*amqp.Connection, error) {
 	ro.mu.Lock()
 	first := ro.next
 	ro.mu.Unlock()
-	opts := append([]compat.Option{compat.WithDialer(ro.c.DialContext), compat.WithConfig(ro.cfg)}, ro.r.options()...)
+	opts := append([]compat.Option{compat.WithDialer(ro.c.DialContext), compat.WithConfig(ro.cfg)},
+		ro.r.options()...)
 	conn, err := compat.DialCluster(ctx, urlsFrom(ro.c, first), ro.r.v.Mode, opts...)
 	if err != nil {
 		return nil, err
@@ -136,7 +139,8 @@ func nodeOf(c *cluster.Cluster, addr net.Addr) cluster.Node {
 		return ""
 	}
 	for _, n := range cluster.Nodes {
-		if u, err := amqp.ParseURI(c.URL(n)); err == nil && net.JoinHostPort(u.Host, fmt.Sprint(u.Port)) == addr.String() {
+		u, err := amqp.ParseURI(c.URL(n))
+		if err == nil && net.JoinHostPort(u.Host, fmt.Sprint(u.Port)) == addr.String() {
 			return n
 		}
 	}
@@ -246,7 +250,8 @@ func (r *run) depth(ctx context.Context, c *cluster.Cluster) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	q, err := ch.QueueDeclarePassive(r.queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"})
+	q, err := ch.QueueDeclarePassive(r.queue, true, false, false, false,
+		amqp.Table{"x-queue-type": "quorum"})
 	if err != nil {
 		return 0, err
 	}
@@ -308,7 +313,10 @@ type stalledConn struct {
 func openStalled(ctx context.Context, c *cluster.Cluster, r *run) (*stalledConn, error) {
 	dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	opts := append([]compat.Option{compat.WithDialer(c.DialContext), compat.WithConfig(amqp.Config{Heartbeat: r.cfg.Heartbeat})}, r.options()...)
+	opts := append([]compat.Option{
+		compat.WithDialer(c.DialContext),
+		compat.WithConfig(amqp.Config{Heartbeat: r.cfg.Heartbeat}),
+	}, r.options()...)
 	conn, err := compat.DialCluster(dctx, []string{c.URL(r.f.Publisher)}, r.v.Mode, opts...)
 	if err != nil {
 		return nil, err
@@ -345,8 +353,8 @@ func openStalled(ctx context.Context, c *cluster.Cluster, r *run) (*stalledConn,
 func (sc *stalledConn) closeAfter(d time.Duration) {
 	go func() {
 		defer close(sc.done)
-		_, _ = sc.ch.PublishWithDeferredConfirmWithContext(context.Background(), "", sc.r.queue, false, false,
-			amqp.Publishing{MessageId: closeProbe, Body: []byte(closeProbe)})
+		_, _ = sc.ch.PublishWithDeferredConfirmWithContext(context.Background(), "", sc.r.queue,
+			false, false, amqp.Publishing{MessageId: closeProbe, Body: []byte(closeProbe)})
 		pause(context.Background(), d)
 		t0 := time.Now()
 		err := sc.conn.Close()

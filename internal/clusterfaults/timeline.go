@@ -56,6 +56,18 @@ func (tl *timeline) lastBefore(what string, from, to time.Time) (time.Time, bool
 	return last, !last.IsZero()
 }
 
+// sinceLast returns how long before `to` the last `what` from `from` on
+// came, and whether one did. For a nack it is the client's share of a gap:
+// the broker refuses until its election ends, so only what follows its
+// last nack is the publisher's own.
+func (tl *timeline) sinceLast(what string, from, to time.Time) (time.Duration, bool) {
+	at, ok := tl.lastBefore(what, from, to)
+	if !ok {
+		return 0, false
+	}
+	return to.Sub(at), true
+}
+
 // event records a publisher event. Republish counts, failed dials and
 // the end of an abandoned connection's close are left out: what caused
 // them is in.
