@@ -24,8 +24,9 @@
 //     blocks on user code (package drainer).
 //   - Legacy: caller-drives-read, no background goroutines (package
 //     legacyread).
-//   - LegacyAutoDrain: legacy plus a goroutine that loops DrainEvents
-//     (amqp.LegacyOptions.AutoDrain), for code that does not drain.
+//   - LegacyAutoDrain: legacy plus a goroutine that holds the read turn and
+//     reads whenever no caller does (amqp.LegacyOptions.AutoDrain), for code
+//     that does not drain.
 //
 // DialCluster dials a cluster from several URLs in any mode, bounded by a
 // context, and gives the connection the same list (amqp.Endpoints) so

@@ -35,9 +35,9 @@
 //  4. Publishing takes the transport lock too, as py-amqp's does: a publish
 //     waits while another goroutine sits in a blocking DrainEvents. This is
 //     the legacy behaviour the benchmarks measure. With
-//     LegacyOptions.AutoDrain (the library's own drain loop, for code that
-//     never calls DrainEvents) a write cuts the loop's read short instead,
-//     and the loop reads again once the write is done.
+//     LegacyOptions.AutoDrain (the library's own reader, for code that
+//     never calls DrainEvents) a write cuts its read short instead, and it
+//     reads again once the write is done.
 //  5. Heartbeats are sent and checked only while the application calls in
 //     (DrainEvents, an RPC, a confirmation wait). An idle legacy connection
 //     is neither kept alive nor monitored, and a broker-side close is

@@ -124,7 +124,9 @@ type drainGen struct {
 func (d *drainConn) start(conn io.ReadWriteCloser) {
 	g := &drainGen{done: make(chan struct{})}
 	d.initGen(&g.readGen, conn)
-	g.read.cr.budget = d.budget // content being assembled counts, so a huge one pauses reading
+	// Content being assembled is charged as pinned bytes: counted in the budget, never
+	// a reason to pause, since only reading more completes it (budget.go).
+	g.read.cr.budget = d.budget
 	prev := d.replace(g)
 	d.install(&g.readGen, d.writer(&g.readGen, nil))
 	go d.run(g, prev)

@@ -175,6 +175,11 @@ func (g *readGen) interrupt() {
 
 // install makes w the writer behind c.writer and publishes, and g.rpc
 // c.rpc; the new socket starts unblocked. Takes c.sendM, then c.m.
+//
+// Why under c.sendM: a publish or a heartbeat that holds it writes through c.writer,
+// and must not see the writer change mid-frame. A new generation's writer replaces the
+// last one only once nobody writes through the old one; the old socket is closed by
+// then, so any late write there fails and is explained by the old generation's end.
 func (b *readBase) install(g *readGen, w *socketWriter) {
 	b.blocks.unblock()
 	b.c.sendM.Lock()
@@ -189,6 +194,11 @@ func (b *readBase) install(g *readGen, w *socketWriter) {
 
 // fail ends g with err: IsClosed is true before waiters are released, then
 // the socket is closed (freeing writers), then upstream's teardown runs.
+//
+// The order matters. A waiter released by the end may look at IsClosed at once, and
+// must see true, as upstream's callers do after its shutdown. The socket is closed before
+// upstream's shutdown takes its locks, because a publisher blocked in a write holds
+// ch.m and c.sendM, which the shutdown needs: closing the socket frees it.
 func (b *readBase) fail(g *readGen, err *Error) {
 	b.c.closed.Store(true)
 	if !g.setDead(err) {
@@ -209,7 +219,10 @@ func (b *readBase) countOpened() {
 	}
 }
 
-// socketWriter writes a generation's socket, counting, and explains failures.
+// socketWriter writes a generation's socket, counting, and explains failures. It is the
+// one writer of both modes: every frame, publish and heartbeat goes through it, so Stats
+// counts every byte, the heartbeat duty sees every write (sent), and legacy's transport
+// guard is taken around every write.
 type socketWriter struct {
 	conn   io.Writer
 	end    *genEnd
