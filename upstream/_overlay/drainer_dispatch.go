@@ -19,6 +19,12 @@ import (
 // chanDispatcher runs a channel's methods and complete messages in frame order, on a
 // serialQueue of its own; what its listeners take goes through its outbox, in order too. Its
 // lock and its outbox's nest only under drainConn.mu (workQueue's doc says why).
+//
+// It stays in drainConn.dispatchers from its channel's first queued frame until the channel is
+// closed and both its queue and its outbox are idle. While the channel is open, an idle
+// dispatcher's goroutine ends after its linger but the dispatcher stays, so that later frames
+// find the same outbox: a second outbox for one channel would hand notifications over beside
+// the first's, out of frame order.
 type chanDispatcher struct {
 	serialQueue
 	out outbox
@@ -34,7 +40,8 @@ func (d *drainConn) route0(g *readGen, f frame) (stop bool, err *Error) {
 	g.activity.frames.Add(1)
 	mf, ok := f.(*methodFrame)
 	if !ok {
-		// Only methods and heartbeats come on channel 0 (spec 4.2.3).
+		// Only methods and heartbeats come on channel 0 (spec 4.2.3). A heartbeat needs nothing
+		// more: the read that brought it already reset the broker's silence clock (lastRecv).
 		if _, beat := f.(*heartbeatFrame); !beat {
 			d.conn0Work(func() { d.protocolClose(ErrUnexpectedFrame) })
 		}
@@ -53,12 +60,15 @@ func (d *drainConn) route0(g *readGen, f frame) (stop bool, err *Error) {
 		})
 		return true, nil
 	}
+	// connection.blocked and unblocked go to the publish gate and, through connOut, to their
+	// listeners; any other method is a reply for a caller, as in upstream's dispatch0.
 	if d.notifyBlocks(mf.Method) {
 		return false, nil
 	} else if err := g.replyOverflow(mf.Method); err != nil {
 		return true, err
 	}
-	// A reply: rpc has room (replyOverflow), so the send does not wait for the caller.
+	// A reply: rpc has room (replyOverflow), so the send does not wait for the caller. Only the
+	// turn's holder sends on rpc, one step at a time, so the room it saw is still there.
 	g.rpc <- mf.Method
 	return false, nil
 }
@@ -94,6 +104,10 @@ func (d *drainConn) protocolClose(err *Error) {
 
 // conn0Work runs channel-0 work that may block (writes, teardown) in order, on a queue of its
 // own, made on first use: the turn's holder must not wait for sendM or for a shutdown.
+//
+// conn0 has no linger and is counted in neither jobs nor work: its goroutine ends when it is
+// empty, and a shutdown's flush does not wait for it, since the teardown (d.c.shutdown, which
+// flushes) runs on it and would wait for itself.
 func (d *drainConn) conn0Work(job func()) {
 	d.mu.Lock()
 	if d.conn0 == nil {
@@ -106,6 +120,8 @@ func (d *drainConn) conn0Work(job func()) {
 
 // handOn queues a channel frame's step for its dispatcher, counted first: a DrainEvents
 // caller woken by activity must not take the frame for progress made after it began.
+// A job is charged a frame's overhead, plus its body, until it ran: what waits for a slow
+// dispatcher counts toward the budget as a delivery in an inbox does.
 func (d *drainConn) handOn(g *readGen, step chanStep) {
 	g.activity.frames.Add(1)
 	switch {
@@ -125,6 +141,10 @@ func (d *drainConn) handOn(g *readGen, step chanStep) {
 // before it goes to its inbox at once, on the turn's holder: an inbox put never waits, and with
 // no job before it, nothing could come out of order. Under drainConn.mu, the lookup, the idle
 // check and the put are one step against the dispatcher's retiring (workQueue's doc).
+//
+// The shortcut is for deliveries only: a method may wait (for ch.m, a write, a listener's
+// room), which the turn's holder must not. Jobs reach a dispatcher only here, from the turn's
+// holder, so an idle one has none that this delivery could overtake.
 func (d *drainConn) dispatch(ch *Channel, job queuedJob) {
 	d.mu.Lock()
 	disp := d.dispatchers[ch]
@@ -148,6 +168,9 @@ func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 	disp := &chanDispatcher{d: d, ch: ch}
 	disp.budget = d.budget
 	disp.outer = &d.mu
+	// Its jobs count in d.jobs, which a channel's caller whose wait the generation's end cut short
+	// waits on (replyWins: its reply may be queued here), its outbox's items in d.work
+	// (initOutbox); a shutdown's flush waits for both.
 	disp.work = &d.jobs
 	disp.handleJob = disp.handle
 	disp.linger = dispatcherLinger
@@ -180,7 +203,8 @@ func (d *drainConn) newDispatcher(ch *Channel) *chanDispatcher {
 const dispatcherLinger = time.Second
 
 // genDead is closed when the current generation ends: parked dispatchers retire, as the
-// channels they served are gone with it.
+// channels they served are gone with it. It is asked each time the goroutine parks
+// (parkUntilPut), so a dispatcher that outlives a recovery watches the generation current then.
 func (d *drainConn) genDead() <-chan struct{} {
 	if g := d.current(); g != nil {
 		return g.dead
@@ -190,6 +214,8 @@ func (d *drainConn) genDead() <-chan struct{} {
 
 // initOutbox sets up an outbox of this connection. lock is its owner's notifyM and closed its
 // noNotify: upstream closes the listeners under lock, so a hand-over holds it (read side).
+// closeWait is CloseTimeout: a close drops what the listeners left unread after that long
+// (closeInOrder), which is what keeps Close bounded behind an unread listener.
 func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
 	o.lock = lock
 	o.closed = closed
@@ -199,7 +225,9 @@ func (d *drainConn) initOutbox(o *outbox, lock *sync.RWMutex, closed *bool) {
 	o.watch = d.watch
 }
 
-// handle dispatches one method or complete message, on the dispatcher's goroutine.
+// handle dispatches one method or complete message, on the dispatcher's goroutine. A fast
+// delivery (del) comes here only when jobs of its channel were queued before it (dispatch): it
+// reaches its inbox after them, in frame order.
 func (disp *chanDispatcher) handle(job queuedJob) {
 	switch {
 	case job.del != nil:
@@ -246,6 +274,8 @@ func (disp *chanDispatcher) dispatchMessage(msg message) {
 		notifyAllInOrder(out, listenersOf(ch, &ch.returns), returnCost, *newReturn(*m))
 	case *channelFlow:
 		notifyAllInOrder(out, listenersOf(ch, &ch.flows), boolCost, m.Active)
+		// flow-ok is written here, as upstream writes it from dispatch: the write may wait for
+		// sendM, which the dispatcher may, and the turn's holder may not.
 		if err := ch.send(&channelFlowOk{Active: m.Active}); err != nil {
 			Logger.Printf("error sending channelFlowOk, channel id: %d error: %+v",
 				ch.id, err)

@@ -13,6 +13,11 @@
 // ConsumeFunc it lent the turn to, or in legacy mode the caller driving the read: DrainEvents, a
 // ConsumeFunc or AutoDrain). The turn passes from one holder to the next over a channel, which
 // orders every access to this state, so it needs no lock of its own.
+//
+// Lifetimes: a raw frame aliases the splitter's buffer, valid until the next fill, and so do
+// rawDeliver's and rawHeader's byte fields. Whatever outlives the step is copied out before it
+// ends: strings by startDeliver and headerProps, a headers table by readTable, body bytes into
+// the assembly's own buffer (bodyFrame). A complete content holds nothing of the splitter's.
 
 package amqp091
 
@@ -35,7 +40,10 @@ type frameCursor struct {
 // written: take's result has its length as capacity, so even an append copies it first.
 var noField [255]byte
 
-// take returns the next n (≤ 255) bytes, aliasing the frame, or n zero bytes.
+// take returns the next n (≤ 255) bytes, aliasing the frame, or n zero bytes. n is at most 255
+// because every read is an integer of at most 8 octets or a shortstr, whose length is one octet,
+// so noField always has the bytes. The result's capacity is its length, so that an append to it
+// copies rather than overwrite the next field's bytes in the frame.
 func (c *frameCursor) take(n int) []byte {
 	if !c.ok || len(c.b)-c.i < n {
 		c.ok = false
@@ -65,6 +73,8 @@ type rawDeliver struct {
 // decodeDeliver decodes raw as basic.deliver, or returns false for upstream to parse (another
 // method, or a frame that does not decode: upstream then reports the error its own way).
 func decodeDeliver(raw []byte, out *rawDeliver) bool {
+	// The shortest method frame: the 7-octet header, the class and method ids (4 octets) and the
+	// frame-end; frameHeaderSize counts the header and the frame-end.
 	if len(raw) < frameHeaderSize+4 || raw[0] != frameMethod {
 		return false
 	}
@@ -84,6 +94,8 @@ func decodeDeliver(raw []byte, out *rawDeliver) bool {
 	out.redelivered = c.u8()&1 != 0 // bit 0 of the bits octet
 	out.exchange = c.shortstr()
 	out.routingKey = c.shortstr()
+	// c.i < len(raw) guards the index: arguments that ran to the frame's last octet leave ok set
+	// but no frame-end after them, and such a frame is refused, for upstream to judge.
 	return c.ok && c.i < len(raw) && raw[c.i] == frameEnd
 }
 
@@ -104,7 +116,8 @@ const (
 
 // rawHeader is a content header, its strings in the frame (valid until the next fill, as
 // rawDeliver's); a headers table is decoded by upstream's readTable, and a bad one fails the
-// whole header, so that upstream's parse reports it.
+// whole header, so that upstream's parse reports it. The table is the one property decoded to
+// its final form here: its length is known only by reading it, and reading it builds it.
 type rawHeader struct {
 	classId, weight        uint16
 	size                   uint64
@@ -116,7 +129,8 @@ type rawHeader struct {
 }
 
 // headerDecoder decodes content headers, reusing its table reader: a bytes.Reader per header
-// would be an allocation per message with headers.
+// would be an allocation per message with headers. It is its contentReader's, so the read turn
+// guards it too.
 type headerDecoder struct{ table bytes.Reader }
 
 // decode decodes raw as a content header, or returns false for upstream to report. The fields
@@ -134,6 +148,8 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 		return false
 	}
 	c := frameCursor{b: raw[7 : 7+int(size)], ok: true}
+	// out is reused for every header (contentReader.rh): zeroed first, a property whose flag is
+	// clear reads as absent, not as the previous header's value.
 	*out = rawHeader{}
 	out.classId = c.u16()
 	out.weight = c.u16()
@@ -147,13 +163,15 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 	}
 	str(flagContentType, propContentType)
 	str(flagContentEncoding, propContentEncoding)
+	// Only while ok: after a field that did not fit, the cursor is not where the table starts,
+	// and the header is refused at the end anyway.
 	if flags&flagHeaders != 0 && c.ok {
 		// The table's length is only known by reading it: readTable consumes it, and the
 		// cursor resumes where the reader stopped.
 		hd.table.Reset(c.b[c.i:])
 		t, err := readTable(&hd.table)
 		if err != nil {
-			return false
+			return false // upstream's parse reads the same table, and reports the error
 		}
 		out.headers = t
 		c.i = len(c.b) - hd.table.Len()
@@ -169,6 +187,7 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 	str(flagExpiration, propExpiration)
 	str(flagMessageId, propMessageId)
 	if flags&flagTimestamp != 0 {
+		// Seconds since the epoch, as upstream reads it; headerProps makes it a time.Time.
 		out.timestamp = int64(c.u64())
 	}
 	str(flagType, propType)
@@ -180,6 +199,8 @@ func (hd *headerDecoder) decode(raw []byte, out *rawHeader) bool {
 
 // strCache reuses a field's last string. The comparison string(b) != s does not allocate, so a
 // field that repeats from message to message (a content type, an exchange) costs no allocation.
+// It keeps one string, the last: a field that alternates between values allocates each time, no
+// more than it would without the cache.
 type strCache struct{ s string }
 
 // get returns b as a string, the cached one when it is equal.
@@ -235,7 +256,10 @@ var propCached = [propStrings]bool{
 	propExpiration: true, propType: true, propUserId: true, propAppId: true,
 }
 
-// reset drops content in progress (or handed over), releasing its pinned charge.
+// reset drops content in progress (or handed over), releasing its pinned charge. Every end of a
+// content comes through here: complete, a method that interrupts it, a frame out of order, a
+// new channel with the id (asm), and the generation's end (release); so no pin is left behind.
+// fast, deliver and size are left as they are: start, startDeliver or header sets them first.
 func (a *contentAsm) reset() {
 	if a.pinned != 0 && a.budget != nil {
 		a.budget.unpin(a.pinned)
@@ -271,7 +295,8 @@ func (a *contentAsm) start(msg messageWithContent) {
 }
 
 // headerProps turns a fast-decoded header's properties into upstream's, caching the strings
-// that repeat (propCached).
+// that repeat (propCached). The caches are the assembly's, so a channel's: its messages tend
+// to share a content type, a reply-to, an app id.
 func (a *contentAsm) headerProps(rh *rawHeader) properties {
 	s := func(i int) string {
 		if propCached[i] {
@@ -325,6 +350,8 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	if size < capacity {
 		capacity = size
 	}
+	// a.fast first: only a fast basic.deliver has its consumer tag in a.deliver, which with the
+	// channel is what pooledConsumers is keyed by.
 	if a.fast && capacity == size &&
 		pooledConsumers.has(a.ch, a.deliver.consumerTag, &a.pooled) {
 		a.body = pooledBody(size) // nil if too big for the pool's classes
@@ -342,6 +369,8 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 		a.reset() // drop and reset, as upstream
 		return false
 	}
+	// Grown by hand rather than by append, whose growth could overshoot the announced size: the
+	// new buffer is capped at the size, unless the peer sends more than it announced.
 	if need := len(a.body) + len(p); need > cap(a.body) {
 		n := 2 * cap(a.body) // doubling, up to the size announced
 		if uint64(n) > a.size {
@@ -353,6 +382,8 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 		a.body = append(make([]byte, 0, n), a.body...)
 	}
 	a.body = append(a.body, p...)
+	// ≥, as upstream's recvContent: a body past the announced size completes the content, extra
+	// bytes and all.
 	if uint64(len(a.body)) >= a.size {
 		return true
 	}
@@ -365,7 +396,9 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 	return false
 }
 
-// complete hands over the content (a Delivery, or upstream's message) and resets.
+// complete hands over the content (a Delivery, or upstream's message) and resets. The body is
+// handed over, not copied: reset drops the assembly's reference to it (a.body = nil), so the
+// next content never writes into a buffer the application holds.
 func (a *contentAsm) complete() (del *Delivery, msg messageWithContent) {
 	if a.fast {
 		del = newFastDelivery(a.ch, &a.deliver, &a.props, a.body)
@@ -413,6 +446,10 @@ func newFastDelivery(ch *Channel, m *deliverArgs, props *properties, body []byte
 // READ TURN protects it, not a goroutine: whoever holds the generation's turn uses it (the
 // drainer goroutine, a ConsumeFunc it lent the turn to, or in legacy mode the caller driving
 // the read), and the turn's hand-over orders one holder's use before the next's.
+//
+// asms keeps one assembly per channel id across contents, so that its string caches and its
+// pooled-body memo serve every message of the channel. rd and rh are reused for every frame: a
+// fast channelFrame carries only a flag, and feed reads them before the next decode.
 type contentReader struct {
 	hd     headerDecoder
 	rd     rawDeliver
@@ -444,7 +481,8 @@ func (cr *contentReader) asm(id uint16, ch *Channel) *contentAsm {
 }
 
 // release drops every content in progress at the end of a generation, unpinning what it held
-// in the budget, which outlives the generation.
+// in the budget, which outlives the generation. Left pinned, the charge would stay in Stats'
+// Budget.Used for the life of the connection, as nothing would ever complete that content.
 func (cr *contentReader) release() {
 	for _, a := range cr.asms {
 		a.reset()
@@ -453,7 +491,8 @@ func (cr *contentReader) release() {
 
 // channelFrame is a decoded frame on channel ≠ 0: exactly one of f (upstream's parse),
 // deliver (decoded into cr.rd), header (decoded into cr.rh) or isBody (the payload in body)
-// is set. The fast cases point into cr and the frame, so a channelFrame is used at once.
+// is set. The fast cases point into cr and the frame, so a channelFrame is used at once: the
+// next decode overwrites cr's values, and the next fill the frame's bytes.
 type channelFrame struct {
 	f               frame
 	deliver, header bool
@@ -483,6 +522,8 @@ func (cr *contentReader) decode(split *frameSplitter, raw []byte) (channelFrame,
 // feed gives cf to a, upstream's recvMethod, recvHeader and recvContent in one. It returns
 // complete when a's content is whole (take it with a.complete), or the method when cf is a
 // method that starts no content (it goes to the channel's dispatch as it is).
+// Upstream's three states fold into one switch on the frame: header and bodyFrame check the
+// state, and reset on a frame out of order, as upstream drops it.
 func (cr *contentReader) feed(
 	a *contentAsm, cf *channelFrame, maxFrame uint32,
 ) (complete bool, method *methodFrame) {

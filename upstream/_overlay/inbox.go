@@ -7,6 +7,12 @@ import "sync"
 // deliveryAcct charges a channel's deliveries to its read path's budget, and keeps the channel's
 // consumer inboxes. It exists only in the drainer and legacy modes (consumers.acct is nil in
 // upstream's, whose consumers.buffer runs as upstream wrote it).
+//
+// Why deliveries are charged: a delivery waiting for its consumer is memory the broker has
+// already sent. In the drainer the budget is the one at whose high mark the drainer stops
+// reading the socket, so a consumer that falls behind slows the connection through TCP instead
+// of growing the heap without limit. Legacy's budget has no limit (it never pauses: nothing
+// reads unless the caller drives it), so there the charge only feeds Stats.
 type deliveryAcct struct {
 	budget  *budget
 	buffers *bufferSet
@@ -42,6 +48,10 @@ func deliveryCost(d *Delivery) int64 { return frameCost + int64(len(d.Body)) }
 // wait before it. Locks: the consumers' mutex (so that a cancel cannot end the consumer between
 // the lookup and the put), then inboxes.mu (inboxOf), then inbox.mu and budget.mu (put). User
 // code runs under none of them: Observer.Delivered before, the watcher's warnings after.
+//
+// A put never waits for the consumer: it queues, or hands over only to a Consume chan ready to
+// receive. That is what lets the turn's holder deliver inline: a consumer that does not read
+// costs budget, not the holder's time.
 func (subs *consumers) deliver(tag string, d *Delivery) {
 	acct := subs.acct
 	if acct.obs != nil && acct.obs.Delivered != nil {
@@ -74,6 +84,11 @@ func (subs *consumers) deliver(tag string, d *Delivery) {
 // queued and the Consume chan's reader is waiting, put hands the delivery straight to it (out),
 // without queueing or waking anyone: order holds, since the loop sends only queued deliveries,
 // and there are none.
+//
+// No wake-up is lost: the taker is counted as parked by the same look, under mu, that finds the
+// queue empty (front or take), so a put after that look leaves a token, which waits in wake for
+// the taker's select. One slot is enough: the token says only "look again", and the taker keeps
+// looking until it finds the queue empty, when it counts as parked again.
 type inbox struct {
 	st      *bufferStat     // what Stats reads of it
 	wake    chan struct{}   // a token when a put found the taker parked
@@ -106,6 +121,8 @@ func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 		default:
 		}
 	}
+	// Charged before the taker can see it, so that its take's release never runs ahead of
+	// the charge and the budget's count never dips below what is queued.
 	budget.charge(cost)
 	wake := b.q.put(inboxItem{d: d, at: monoNow(), cost: cost})
 	b.st.moved(1, cost, b.q.queued()[0].at)
@@ -121,7 +138,8 @@ func (b *inbox) put(d *Delivery, cost int64, budget *budget) (queued bool) {
 
 // attach sets the application's chan for direct hand-overs (nil: none). The consumer loop
 // attaches its Consume chan before it runs and detaches it before closing the chan, so that no
-// put sends on a closed chan.
+// put sends on a closed chan. out is read and written under mu only, so a put that saw it set
+// has sent, or given up, before attach(nil) returns.
 func (b *inbox) attach(out chan Delivery) {
 	b.mu.Lock()
 	b.out = out
@@ -170,6 +188,9 @@ func (b *inbox) clear() int64 {
 }
 
 // inboxes maps each consumer's inbound chan, upstream's key for a consumer, to its inbox.
+// Keyed by the chan, not by the tag: a tag can be reused after a cancel, and the old consumer's
+// finish (forget) must not remove the new one's inbox. mu is taken under the consumers' mutex
+// (deliver), and takes no other lock itself.
 type inboxes struct {
 	mu  sync.Mutex
 	all map[chan *Delivery]*inbox

@@ -19,6 +19,9 @@ const (
 )
 
 // outItem is an outbox's entry: one frame's notifications, confirmations to settle, or an action.
+// The three differ in what a close may drop: notifications are the listeners' to lose, but a
+// settlement or an action must still run, or a publisher waits for ever on its confirmation,
+// or a cancelled consumer's chan or a channel is never closed.
 type outItem interface {
 	// handOver offers what is left and reports whether all is handed over,
 	// waiting at most one slice for a listener, under the notify lock (read).
@@ -32,7 +35,8 @@ type outItem interface {
 }
 
 // queuedItem is an item, when it was queued (monoNow), its number (for a close's drop) and its
-// charge.
+// charge. The charge is kept with it, so that doneItem releases exactly what putLocked charged
+// without asking the item again (a notes' cost walks all its values).
 type queuedItem struct {
 	it   outItem
 	at   int64
@@ -62,6 +66,8 @@ func monoNow() int64 { return int64(time.Since(monoBase)) }
 type outbox struct {
 	workQueue[queuedItem] // the front is being handed over
 
+	// lock and closed point into the owner (a Channel, or the Connection) rather than copy: the
+	// hand-over must see the very flag that upstream's code sets under that very lock.
 	lock       *sync.RWMutex // the owner's notifyM, held by upstream while it closes listeners
 	closed     *bool         // the owner's noNotify, guarded by lock
 	closeWait  time.Duration // how long a close waits for the notifications before it
@@ -98,6 +104,8 @@ func (o *outbox) queue(it outItem) uint64 {
 	o.notes += it.count()
 	h := o.headLocked(at) // for the depth warning
 	o.mu.Unlock()
+	// start is true for the first item of a burst only (runQueue's running flag, under mu), so
+	// one goroutine at most hands this outbox's items over, and they stay in order.
 	if start {
 		go o.loop(o)
 	}
@@ -134,6 +142,9 @@ func (o *outbox) dropQueued() { o.dropBefore(0, 0) }
 // runItem hands an item over in slices doubling up to outboxMaxSlice, or drops it after a
 // close's wait. Between slices the notify lock is let go (handOver), so that upstream may close
 // the listeners, and the watcher may warn or drop the stalled listener.
+//
+// An item is only dropped after a slice it waited in vain, never before its first try: a close
+// bounds how long a listener may hold it, it does not throw away what a listener can take.
 func (o *outbox) runItem(q queuedItem) {
 	for slice := outboxMinSlice; !q.it.handOver(o, slice, &o.sliceTimer); {
 		o.mu.Lock()
@@ -181,10 +192,14 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 	if len(ls) == 0 || len(vs) == 0 {
 		return
 	}
+	// idle is only a true answer to act on for the producer (workQueue.idle): nothing else
+	// queues here, so the outbox cannot turn busy between this look and the hand-over.
 	n := notes[T]{ls: ls, vs: vs, costOf: cost}
 	if o.idle() && n.handOver(o, 0, nil) {
 		return
 	}
+	// What the inline attempt handed over is not sent again: n's li and vi say where it stopped,
+	// and the copy resumes there.
 	left := new(notes[T]) // copied, so that the inline attempt allocates nothing
 	*left = n
 	o.queue(left)
@@ -202,6 +217,10 @@ func (o *outbox) inOrder(f func()) uint64 {
 
 // closeInOrder runs a close in order; what was queued before it is dropped after closeWait, so
 // that an unread listener cannot hold a channel's close for ever.
+//
+// The close must come after them: it may close the listeners and set noNotify (upstream's
+// closeResources), after which handOver sends nothing, so a notification the broker sent before
+// the close would be lost.
 func (o *outbox) closeInOrder(f func()) {
 	if seq := o.inOrder(f); seq > 0 {
 		o.dropBefore(seq, o.closeWait)
@@ -258,6 +277,11 @@ func (n *notes[T]) cost() int64 {
 // handOver sends what is left, each value to each listener. With slice 0 (the inline attempt)
 // it waits for nothing, not even the lock: the producer must not wait for a listener. Else a
 // full listener is waited for one slice, then handOver returns false for runItem to decide.
+//
+// The read side of the notify lock is what makes the sends safe: upstream closes the listeners
+// under its write side and then sets *closed, and the stall policy closes one under it too and
+// marks it dropped. Checked under the read lock, neither can close a chan in the middle of a
+// send here, which would panic.
 func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) bool {
 	if slice > 0 {
 		o.lock.RLock()
@@ -282,6 +306,8 @@ func (n *notes[T]) handOver(o *outbox, slice time.Duration, timer **time.Timer) 
 			if slice == 0 {
 				return false
 			}
+			// The timer is the outbox goroutine's own, reused across slices and items; stopTimer
+			// leaves it with no stale tick for the next slice's start.
 			select {
 			case n.ls[n.li] <- n.vs[n.vi]:
 				stopTimer(*timer)

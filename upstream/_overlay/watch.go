@@ -32,6 +32,13 @@ const (
 // queues (queued) and after each slice a hand-over waited (waiting), after a consumer's inbox
 // queued (consumerQueued), and when reading pauses and resumes. None of these holds a lock when
 // it calls in, since the Logger is user code; mu, a leaf lock, guards only the rate limit.
+//
+// The stall policy is the way out when a warning is not enough. A channel's notifications are
+// handed over in frame order, so one unread listener holds every later notification and
+// confirmation of its channel behind it, and, once they fill the budget, reading for the whole
+// connection. Dropping closes that listener's chan, as upstream closes listeners when a channel
+// closes, so that a range over it ends instead of hanging, and the hand-over goes on to the
+// others. A NotifyBlocked listener is never dropped (waiting).
 type watcher struct {
 	// log is never nil: a discarding logger without Logger, when the stall policy runs alone.
 	log       *slog.Logger
@@ -42,14 +49,19 @@ type watcher struct {
 	interval  time.Duration // the least time between two warnings with one key
 	dropAfter time.Duration // ≤ 0: never drop
 
-	dropped atomic.Uint64 // listeners dropped, for Stats
+	// dropped counts the listeners dropped, for Stats, which reads it without taking mu.
+	dropped atomic.Uint64
 
+	// mu is shared by every outbox's goroutine, the dispatchers and the read turn's holder, which
+	// call in concurrently; it is held only for one lookup and store of last, never while logging.
 	mu   sync.Mutex
 	last map[warnKey]time.Time // when each warning was last logged
 }
 
 // warnKey is what a warning is about, for the rate limit: its sort (depth, stall), and the
-// listener kind and channel, or the consumer's channel and tag.
+// listener kind and channel, or the consumer's channel and tag. It holds ids, not pointers to
+// an outbox or inbox: an entry keeps nothing alive, and a channel reopened with the same id
+// shares its predecessor's interval, so a reopen cannot reset the rate limit.
 type warnKey struct {
 	what    string
 	kind    ListenerKind
@@ -57,7 +69,9 @@ type warnKey struct {
 	tag     string
 }
 
-// newWatcher returns the watcher that opts ask for, or nil.
+// newWatcher returns the watcher that opts ask for, or nil. nil, rather than a watcher that
+// does nothing, lets every caller skip it with one nil check (outbox.queue, outbox.runItem,
+// consumers.deliver): a connection with no Logger and no stall policy takes no lock here.
 func newWatcher(opts DrainerOptions, b *budget) *watcher {
 	if opts.Logger == nil && opts.DropStalledListener <= 0 {
 		return nil
@@ -71,6 +85,8 @@ func newWatcher(opts DrainerOptions, b *budget) *watcher {
 		dropAfter: opts.DropStalledListener,
 		last:      map[warnKey]time.Time{},
 	}
+	// For the two warnings, zero means the default and a negative value means never
+	// (DrainerOptions); an interval has no "never", so anything ≤ 0 is the default.
 	if w.interval <= 0 {
 		w.interval = defaultWarnInterval
 	}
@@ -94,7 +110,9 @@ func (w *watcher) allow(k warnKey) bool {
 	return true
 }
 
-// warnOutbox logs a warning about what o holds for kind, the oldest aged age.
+// warnOutbox logs a warning about what o holds for kind, the oldest aged age. Its callers
+// hold no lock (h was taken under o.mu, then the lock let go): the Logger is user code, which
+// may block or call back into the connection.
 func (w *watcher) warnOutbox(
 	msg string, kind ListenerKind, o *outbox, h outboxHead, age time.Duration,
 ) {
@@ -107,6 +125,9 @@ func (w *watcher) warnOutbox(
 // queued runs after an outbox queued an item: the depth warning. The stall warning waits for
 // waiting, since a just-queued item has not waited yet.
 func (w *watcher) queued(o *outbox, h outboxHead) {
+	// h.bytes is what the whole outbox holds, but the warning names the head item's kind: items
+	// are handed over in frame order, so all behind the head wait for its listener, the likeliest
+	// cause. An action at the head (kind "") names no listener, and is not warned about.
 	if w.depth > 0 && h.bytes >= w.depth && h.kind != "" &&
 		w.allow(warnKey{what: "depth", kind: h.kind, channel: o.channel}) {
 		msg := "amqp: a listener holds a large share of the read budget"
@@ -116,6 +137,12 @@ func (w *watcher) queued(o *outbox, h outboxHead) {
 
 // consumerQueued runs after a consumer's inbox queued a delivery: its depth or stall warning.
 // A consumer is never dropped: its deliveries are the broker's to requeue, not ours to lose.
+//
+// It runs only when consumers.deliver queued a delivery, on whoever delivered it, after the
+// consumers' mutex is let go. A consumer that stopped taking after the broker stopped sending
+// to it (its prefetch reached) is therefore not warned about again; Stats still shows its age.
+// The figures come from bufferStat's atomics, without inbox.mu: a warning may be one delivery
+// late, which does not matter for a warning.
 func (w *watcher) consumerQueued(st *bufferStat) {
 	bytes := st.bytes.Load()
 	// The oldest queued delivery's age; 0 once the inbox was emptied.
@@ -146,6 +173,8 @@ func (w *watcher) consumerQueued(st *bufferStat) {
 // waiting runs on the outbox's goroutine after each slice the head item (queued at at) waited:
 // the stall warning, then the stall policy, which past dropAfter gives up the listener the
 // hand-over waits for, closing its chan, so that its channel's other listeners go on.
+// It runs between two slices (runItem), when the hand-over has let go of the notify lock's read
+// side, which dropListener then takes for writing.
 func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	age := time.Duration(monoNow() - at)
 	kind := it.kind()
@@ -153,6 +182,7 @@ func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 		w.allow(warnKey{what: "stall", kind: kind, channel: o.channel}) {
 		w.warnOutbox("amqp: a listener has not read its notifications", kind, o, o.holds(), age)
 	}
+	// forget is nil for the connection's outbox: its NotifyBlocked listeners are never dropped.
 	if w.dropAfter <= 0 || age < w.dropAfter || o.forget == nil {
 		return
 	}
@@ -162,6 +192,8 @@ func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	if !ok || b.blocked() == nil || !o.dropListener(b.blocked()) {
 		return
 	}
+	// From here the hand-over skips that listener (o.dropped) and goes on with the others on its
+	// next slice; what was queued for it in later items is skipped too.
 	w.dropped.Add(1)
 	h := o.holds()
 	msg := "amqp: dropped a stalled listener: its chan is closed and what was queued for it" +
@@ -196,7 +228,8 @@ func (o *outbox) holds() outboxHead {
 	return o.headLocked(monoNow())
 }
 
-// headLocked is holds at now, with o.mu held.
+// headLocked is holds at now, with o.mu held. queue passes its put's own clock reading, for
+// the depth warning, rather than read the clock a second time.
 func (o *outbox) headLocked(now int64) outboxHead {
 	h := outboxHead{items: o.notes, bytes: o.bytes}
 	if waiting := o.items.queued(); len(waiting) > 0 {
@@ -210,6 +243,10 @@ func (o *outbox) headLocked(now int64) outboxHead {
 // on; false, closing nothing, if upstream closed the listeners or l is dropped or unregistered.
 // It holds the notify lock's write side, as upstream does to close listeners: no hand-over is
 // under way meanwhile, and upstream cannot close l too.
+//
+// Its checks under that lock keep a chan from being closed twice, which panics: upstream sets
+// *closed when it has closed every listener (noNotify, in closeResources), and dropped
+// remembers the listeners closed here.
 func (o *outbox) dropListener(l any) bool {
 	o.lock.Lock()
 	defer o.lock.Unlock()
@@ -226,6 +263,10 @@ func (o *outbox) dropListener(l any) bool {
 // forgetListener unregisters and closes a listener the stall policy gave up on. The caller
 // holds ch.notifyM for writing, as upstream when it closes the listeners: never both close one
 // chan. NotifyPublish's list is also guarded by confirms.m, which confirm holds to read it.
+//
+// Removing l from its list does two things: no new notification is queued for it (listenersOf
+// and confirm read the lists), and upstream's closeResources, which closes every listener in
+// the lists when the channel closes, does not close it a second time.
 func (ch *Channel) forgetListener(l any) (found bool) {
 	switch c := l.(type) {
 	case chan Confirmation:
@@ -285,7 +326,8 @@ func (o *outbox) listenerStats(out []ListenerStats, now int64) []ListenerStats {
 // biggestHolder is the listener or consumer holding the most of the budget: what a pause's
 // warning names, as the likely cause.
 func (d *drainConn) biggestHolder() ListenerStats {
-	// A whole Stats walk, but only once a pause begins.
+	// A whole Stats walk, but only once a pause begins. It runs on the drainer goroutine with
+	// no lock held (pause), so the walk's locks (drainConn.mu, each outbox's mu) are free.
 	var s Stats
 	d.stats(&s, time.Now())
 	var best ListenerStats
@@ -311,6 +353,7 @@ func (d *drainConn) biggestHolder() ListenerStats {
 // pauseBegan runs when the drainer stops reading for the budget. The holder found now is kept
 // (pausedFor, the drainer goroutine's) so that the resume reports the same cause.
 func (d *drainConn) pauseBegan() {
+	// Stats counts every pause, whether or not anybody is told of it.
 	d.budget.pauseBegan(time.Now())
 	if d.watch == nil && (d.obs == nil || d.obs.BudgetPaused == nil) {
 		return // nobody to tell: spare the Stats walk
@@ -335,7 +378,8 @@ func (d *drainConn) pauseBegan() {
 }
 
 // pauseEnded runs when the drainer reads again after a pause, or when the generation ended
-// during it; either way the pause's length goes to Stats.
+// during it; either way the pause's length goes to Stats. pausedFor is stale when pauseBegan
+// returned early, but then nobody is told here either: watch and obs are fixed at attach.
 func (d *drainConn) pauseEnded() {
 	took := d.budget.pauseEnded(time.Now())
 	info := BudgetInfo{
