@@ -41,7 +41,12 @@ type readState struct {
 	readEnd  time.Time // the last read's end: a longer gap than an interval means nobody read
 	dutyAt   time.Time // the last heartbeat duty (heartbeatClock)
 	lastBeat uint64    // readGen.sent at the last duty: unchanged means nothing was written
-	rdl      time.Time // the read deadline as last set; zero once one passed
+	rdl      time.Time // the read deadline as last set by setReadDeadline
+	// rdlStale: a deadline passed (ours, or one set by another to interrupt the read), so
+	// the socket's deadline is no longer rdl and must be set at the next step, even to
+	// zero. Until then rdl is trusted: a generation starts with the dialler's deadline,
+	// the handshake's bound, which only a passed deadline may replace.
+	rdlStale bool
 	// hookFirst: legacy's fill hooks ctx to the read at once, because frames come slower
 	// than cancelHookDelay (legacy.go).
 	hookFirst bool
@@ -118,6 +123,7 @@ func (b *readBase) ownsDeadline(g *readGen, deadline time.Time) bool {
 func (b *readBase) deadlinePassed(g *readGen, hb heartbeatClock, rerr error) *Error {
 	rs := &g.read
 	rs.rdl = time.Time{} // passed, or set by another to interrupt: set it anew next step
+	rs.rdlStale = true
 	now := time.Now()
 	rs.readEnd = now
 	if err := hb.timeout(rs.lastRecv, now); err != nil {
@@ -172,12 +178,16 @@ func (rs *readState) quietCap(deadline time.Time, quiet time.Duration) time.Time
 }
 
 // setReadDeadline sets the socket's read deadline unless it is already set. A new deadline
-// resets a runtime timer, so the drainer sets one only when it changes.
+// resets a runtime timer, so the drainer sets one only when it changes, or when one that
+// passed left the socket's deadline unknown (rdlStale): without that, a past deadline
+// would stay, and every read would end at once.
 func (rs *readState) setReadDeadline(deadline time.Time) {
-	if rs.nc != nil && !deadline.Equal(rs.rdl) {
-		_ = rs.nc.SetReadDeadline(deadline)
-		rs.rdl = deadline
+	if rs.nc == nil || !rs.rdlStale && deadline.Equal(rs.rdl) {
+		return
 	}
+	_ = rs.nc.SetReadDeadline(deadline)
+	rs.rdl = deadline
+	rs.rdlStale = false
 }
 
 // heartbeatClock does heartbeat arithmetic on the send interval (half the negotiated
