@@ -28,7 +28,8 @@ type blockGate struct {
 	blocked atomic.Pointer[chan struct{}] // set while blocked, closed at unblock
 }
 
-// block marks the connection blocked (connection.blocked).
+// block marks the connection blocked (connection.blocked). A second connection.blocked
+// while blocked keeps the chan: the one unblock releases every publish held since the first.
 func (b *blockGate) block() {
 	b.m.Lock()
 	defer b.m.Unlock()

@@ -60,7 +60,7 @@ func (e *RPCError) Unwrap() []error {
 	return []error{e.Err}
 }
 
-// errNilContext refuses a nil ctx, as the standard library does.
+// errNilContext refuses a nil ctx, as the standard library's context-taking calls do.
 var errNilContext = errors.New("amqp: nil Context")
 
 // boundedRun is one bounded call's goroutine state, pooled so that a call that returns in
@@ -80,7 +80,8 @@ func (r *boundedRun) run() {
 	r.done <- struct{}{}
 }
 
-// finish returns the call's error and gives r back to the pool.
+// finish returns the call's error and gives r back to the pool; the caller has received
+// from done, so the call's goroutine is finished with r.
 func (r *boundedRun) finish() error {
 	err := r.err
 	r.call = nil
@@ -207,6 +208,8 @@ func (ch *Channel) rpcTimedOut(res []message) error {
 
 // connTimedOut is rpcTimedOut for channel 0: it ends the connection.
 func (c *Connection) connTimedOut(res []message) error {
+	// A channel-0 reply cannot be told from the next request's either, and there is no
+	// stand-in for channel 0: the generation ends, and recovery (Recover) may dial again.
 	name := requestFor(res)
 	c.rp.abandon(&Error{Code: InternalError, Recover: true,
 		Reason: name + " got no reply within the RPC timeout"})
@@ -227,6 +230,8 @@ func (c *Connection) closeStarted() bool {
 // may be waiting for that read.
 func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) error {
 	c := ch.connection
+	// Close's steps: recovery stops watching ch, its state says closing, and its
+	// listeners and waiters are closed, the abandoned call's reply wait among them.
 	ch.closeRecovery()
 	ch.lifeCycle.SetState(StateClosing, nil)
 	c.closeChannel(ch, nil) // ch no longer holds its id: this only shuts ch down
@@ -260,7 +265,8 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	errs, rpc := ch.errors, ch.rpc
 	ch.m.Unlock()
 	next := waitReply
-	if rp := ch.connection.rp; pump && rp != nil {
+	rp := ch.connection.rp
+	if pump && rp != nil {
 		next = rp.nextReply
 	}
 	for {
@@ -335,7 +341,8 @@ var channelRequests = map[[2]uint16]string{
 	{90, 31}: "tx.rollback",
 }
 
-// requestFor names the request whose replies res lists.
+// requestFor names the request whose replies res lists: the first reply it knows decides,
+// and "request" stands for one it does not know.
 func requestFor(res []message) string {
 	for _, m := range res {
 		if m == nil {

@@ -196,10 +196,15 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	// retiring goroutine never waits for a caller who left; giveUp then reads it instead.
 	sent := make(chan error, 1)
 	go func() { sent <- ch.retire(stand, "kthxbai", nil) }() // Connection.Close's reply text
+	// giveUp leaves the rest to a background goroutine: it waits for the close-ok if the
+	// close was sent, then releases the id.
 	giveUp := func() error {
 		go func() { stand.closeInBackground(<-sent) }()
-		return &RPCError{Method: "channel.close", Channel: ch.id, Err: context.Cause(ctx), Closed: true}
+		return &RPCError{Method: "channel.close", Channel: ch.id, Err: context.Cause(ctx),
+			Closed: true}
 	}
+	// Two waits, each bounded by ctx: the close's write (legacy mode may have to wait for a
+	// read to end first), then the broker's close-ok. A failed write needs no close-ok.
 	var err error
 	select {
 	case err = <-sent:
@@ -213,6 +218,7 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 			return giveUp()
 		}
 	}
+	// The close-ok came (or the close failed): the id is free for the next channel.
 	ch.connection.dropStandIn(stand)
 	return err
 }
@@ -225,6 +231,8 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if ctx == nil {
 		return nil, errNilContext
 	}
+	// As runBounded: a ctx that cannot end runs upstream's Channel inline, and an ended one
+	// takes no id and sends nothing.
 	if ctx.Done() == nil {
 		return c.Channel()
 	}

@@ -36,6 +36,7 @@ func newCloseIntent() closeIntent { return closeIntent{calledC: make(chan struct
 func (ci *closeIntent) begin(timeout time.Duration, end *genEnd, conn io.Closer) {
 	ci.mu.Lock()
 	defer ci.mu.Unlock()
+	// A protocol close consumes its mark: a later Close by the application is intentional.
 	if ci.protocol {
 		ci.protocol = false
 	} else if !isClosing(ci.calledC) {
@@ -81,7 +82,8 @@ func (ci *closeIntent) closeDeadline() (time.Time, bool) {
 	return ci.closeBy, !ci.closeBy.IsZero()
 }
 
-// isCalled reports whether the application has called Close.
+// isCalled reports whether the application has called Close; without mu, since calledC
+// only ever goes from open to closed.
 func (ci *closeIntent) isCalled() bool { return isClosing(ci.calledC) }
 
 // waitErr is a released waiter's error: the end's if it has one, ErrClosedIntentionally

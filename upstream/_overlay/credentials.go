@@ -38,6 +38,7 @@ func credentialsFor(provider CredentialsFunc, endpoint string,
 	timeout time.Duration) ([]Authentication, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// answer carries the provider's two results through one chan.
 	type answer struct {
 		auth Authentication
 		err  error
@@ -82,6 +83,8 @@ func (c *Connection) openCredentials(config *Config) error {
 // two wrap a refused login with loginError: upstream's error stays upstream's.
 func (c *Connection) openRecovered() error {
 	endpoint := c.endpoint()
+	// Each case sets the SASL that c.open sends; upstream's Reconnect has restored
+	// c.Config.SASL from Open's (or from the URL dialled) just before.
 	switch {
 	case c.Config.Credentials != nil:
 		sasl, err := credentialsFor(c.Config.Credentials, endpoint, c.handshakeTimeout())
@@ -109,7 +112,7 @@ func (c *Connection) keepSecret(newSecret string) {
 
 // withSecret returns sasl with secret as the password of its PLAIN and AMQPLAIN
 // Authentications, the mechanisms that carry one; others (EXTERNAL, a custom mechanism) are
-// kept as they are. sasl is copied, not changed: it is the configuration recovery restores.
+// kept as they are. sasl is copied and its Authentications replaced, never changed in place.
 func withSecret(sasl []Authentication, secret string) []Authentication {
 	out := make([]Authentication, len(sasl))
 	for i, a := range sasl {

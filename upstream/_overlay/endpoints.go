@@ -108,6 +108,9 @@ func NewEndpoints(order EndpointOrder, endpoints ...Endpoint) (*Endpoints, error
 				"the endpoints of a list share one vhost", i, redactURL(ep.URL), uri.Vhost,
 				e.eps[0].uri.Vhost)
 		}
+		// The handshake's TLS configuration, built now: the caller's copied (so later
+		// changes are not seen), or upstream's from the URI, with the URI's host as the
+		// server name when none is set, as upstream's DialConfig does.
 		var tc *tls.Config
 		if uri.Scheme == "amqps" {
 			if ep.TLS != nil {
@@ -131,7 +134,8 @@ func (e *Endpoints) Order() EndpointOrder { return e.order }
 // Len returns the number of endpoints.
 func (e *Endpoints) Len() int { return len(e.eps) }
 
-// All returns the endpoints in the order they were given.
+// All returns the endpoints in the order they were given, in a new slice: changing it does
+// not change the list.
 func (e *Endpoints) All() []Endpoint {
 	all := make([]Endpoint, len(e.eps))
 	for i, ep := range e.eps {
@@ -158,10 +162,12 @@ func (e *Endpoints) next() *endpoint {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := len(e.eps)
-	if e.pos >= n {
+	if e.pos >= n { // the pass is over (or Reset ended it): lay out the next one in perm
 		if e.order == Shuffle {
 			e.perm = e.rand(n)
 		} else {
+			// InOrder starts at the first endpoint; RoundRobin after the one handed out
+			// last, so a Reset does not send every recovery back to the same endpoint.
 			start := 0
 			if e.order == RoundRobin {
 				start = e.last + 1
@@ -190,6 +196,7 @@ func (c *Connection) recoveryEndpoint(attempt int) (URI, *tls.Config, error) {
 		eps.Reset()
 	}
 	ep := eps.next()
+	// One log line per attempt, with the URL's password hidden (redactURL).
 	Logger.Printf("Connection recovery dials endpoint %s (%s)", redactURL(ep.URL), eps.order)
 	return ep.uri, ep.tls, nil
 }
@@ -205,6 +212,8 @@ func (c *Connection) endpointCredentials() bool {
 	if err != nil {
 		return false
 	}
+	// What upstream's setSASL derives from the first URL, compared with the SASL that Open
+	// was given (originalSASL): equal means it came from the URL, none of the application's.
 	var fromURL Config
 	if err := fromURL.setSASL(uri); err != nil {
 		return false

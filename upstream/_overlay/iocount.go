@@ -25,7 +25,8 @@ type ioCounters struct {
 	settled             func(SettleInfo) // the Observer's Settled hook, set before any write
 }
 
-// wrote counts p, written to the socket as part of the frame stream.
+// wrote counts p, written to the socket as part of the frame stream: called after the write
+// with what it wrote, so the bytes are exact and a frame counts once its last byte went out.
 func (c *ioCounters) wrote(p []byte) {
 	c.bytesOut.Add(uint64(len(p)))
 	c.writingVectors(net.Buffers{p})
@@ -45,6 +46,8 @@ func (c *ioCounters) writingVectors(v net.Buffers) {
 }
 
 // restart begins a new generation's stream, which opens with the protocol header again.
+// readBase.install calls it under c.sendM, before the new socket's first write; a frame left
+// half-counted on the old socket is forgotten with the old stream.
 func (c *ioCounters) restart() {
 	c.tallyM.Lock()
 	c.tally = frameTally{}
@@ -83,6 +86,8 @@ const settleArgs = 13 // an ack, nack or reject's class and method ids (2 each),
 // frame-end (left), keeping the payload's first settleArgs bytes of a method frame (want,
 // got) to decode a settlement from once they are all there.
 func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
+	// A generation's stream opens with the protocol header, which is not a frame: skip it
+	// if the first byte says so (a test's stream may start with a frame).
 	if !t.started && len(p) > 0 {
 		t.started = true
 		if p[0] == amqpHeader[0] {
@@ -94,6 +99,8 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 	p = p[n:]
 	for len(p) > 0 {
 		if t.left > 0 {
+			// Inside a payload: keep its first bytes if wanted (they may arrive over
+			// several writes), then skip to the frame's end.
 			if t.got < t.want {
 				t.got += copy(t.args[t.got:t.want], p)
 				if t.got == t.want {

@@ -34,6 +34,8 @@ type Observer struct {
 	// Settled runs once an application basic.ack, nack or reject is written (a
 	// failed write ends the connection). Read off the frames, its DeliveryTag is
 	// the broker's: after a recovery, the application's less its offset (recoverytags.go).
+	// It runs inside the socket write, mostly under the connection's write lock, so it
+	// must not write to the connection: that would deadlock.
 	Settled func(SettleInfo)
 	// SettleRefused runs when Ack, Nack or Reject refuses a tag and sends
 	// nothing: err wraps ErrStaleDelivery (delivered before its channel

@@ -9,7 +9,18 @@ import (
 )
 
 // The Observer's publish, confirm, RPC and connection hooks; the others are called where
-// they happen.
+// they happen. Where each hook is called, and so on which goroutine it runs:
+//   - BeforePublish, Published: publishObserved here and PublishBatch (publish.go), on the
+//     publishing goroutine;
+//   - Confirmed: observeConfirm here, and Returned: readgen.go's routeFrames, both on the
+//     reading side as the frame is routed;
+//   - Delivered: inbox.go, as a delivery is queued for its consumer;
+//   - Handled: consumefunc.go, on the ConsumeFunc's goroutine;
+//   - Settled: iocount.go's frameTally, inside the socket write;
+//   - SettleRefused: recoverytags.go's settleTag, on the settling goroutine;
+//   - RPC: observedWait here, around readgen.go's chanCall and connCall;
+//   - BudgetPaused, BudgetResumed, ListenerDropped: watch.go, in drainer mode;
+//   - Connection: readconn.go as a generation opens, observeEnd here at its end.
 
 // confirmClock is when each unconfirmed publish of a channel id (not Channel) was sent, for
 // ConfirmInfo.Latency. Tags are consecutive, so the send times live in one slice indexed from
@@ -32,7 +43,8 @@ type confirmClocks struct {
 	m  map[uint16]*confirmClock
 }
 
-// clock returns id's clock, made on first use.
+// clock returns id's clock, made on first use, under s.mu: publishers on several channels
+// and the reading side (confirms) may ask at once.
 func (s *confirmClocks) clock(obs *Observer, id uint16) *confirmClock {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -112,10 +124,11 @@ func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool)
 			return
 		}
 		if tag < o.base {
-			return
+			return // every tag it covers is confirmed already, or was never timed
 		}
-		tag = o.base + uint64(n) - 1
+		tag = o.base + uint64(n) - 1 // covers the whole window: report up to its end
 	}
+	// The tags to report, as indexes into sent: one, or from the oldest waiting up to tag.
 	first, last := o.head, o.head+int(tag-o.base)
 	if !multiple {
 		first = last

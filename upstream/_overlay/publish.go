@@ -47,6 +47,8 @@ type publishBuf struct {
 	wv   net.Buffers // vecs as a vectored write consumes it (writeVecs)
 }
 
+// publishBufs pools the encodings. A new one starts with 512 bytes and 8 buffers, a first
+// guess: it grows as a publish needs, and goes back to the pool at that size.
 var publishBufs = sync.Pool{New: func() any {
 	return &publishBuf{b: make([]byte, 0, 512), vecs: make([][]byte, 0, 8)}
 }}
@@ -104,7 +106,9 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	return dc, nil
 }
 
-// nextConfirm takes the next publish's confirmation, nil outside confirm mode; ch.m is held.
+// nextConfirm takes the next publish's confirmation, nil outside confirm mode; ch.m is held,
+// so the tag it takes is the one the broker gives the publish written next on ch. Its pump
+// (confirmPump) lets a waiter on the confirmation read in legacy mode.
 func (ch *Channel) nextConfirm(clock *confirmClock) *DeferredConfirmation {
 	if !ch.confirming.Load() {
 		return nil
@@ -117,7 +121,9 @@ func (ch *Channel) nextConfirm(clock *confirmClock) *DeferredConfirmation {
 	return dc
 }
 
-// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held.
+// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held. The body
+// frames are cut here, under ch.m, because the frame size is read under it as sendOpen
+// reads it (Config.FrameSize, set by the handshake).
 func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error {
 	if err := ch.publishRefused(); err != nil {
 		return err
@@ -136,7 +142,8 @@ func (ch *Channel) publishRefused() error {
 	if ch.IsClosed() || c.IsClosed() {
 		return ErrClosed // a closed channel sends only channel.close-ok
 	}
-	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
+	// Once Close began, the broker discards whatever follows its connection.close, so a
+	// publish written now would be lost without an error: refuse it, as Close's waiters are.
 	if c.rp != nil && isClosing(c.rp.base().calledC) {
 		return ErrClosedIntentionally
 	}
@@ -213,6 +220,8 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 		}
 		return nil
 	}
+	// The generation's socket writer: one writev per maxVecs buffers, each share handed to
+	// the write in *wv, which the write consumes.
 	for len(vecs) > 0 {
 		n := min(len(vecs), maxVecs)
 		*wv = vecs[:n:n]
@@ -259,6 +268,8 @@ func (pb *publishBuf) encodeHead(channel uint16, exchange, key string,
 func (pb *publishBuf) encodeBody(channel uint16, body []byte, size int) {
 	b := pb.b[:pb.head]
 	copyBody := len(body) <= publishCopyMax
+	// Each body frame adds its header and frame-end (frameHeaderSize), and a copied body
+	// adds itself.
 	need := 0
 	if len(body) > 0 {
 		need = ((len(body)-1)/size + 1) * frameHeaderSize
@@ -367,7 +378,9 @@ func flagIf(set bool, flag uint16) uint16 {
 	return 0
 }
 
-// appendShortstr is writeShortstr, with its error.
+// appendShortstr is writeShortstr, with its error: a shortstr's length is one octet, so a
+// longer string cannot be encoded. A single publish then fails the connection, as upstream's
+// does; PublishBatch fails only the call.
 func appendShortstr(b []byte, s string) ([]byte, error) {
 	if len(s) > 255 {
 		return b, fmt.Errorf("amqp: shortstr %q exceeds 255 bytes", s)
@@ -494,6 +507,7 @@ type BatchPublishing struct {
 //	dcs, err := ch.PublishBatch(ctx, batch)
 func (ch *Channel) PublishBatch(ctx context.Context,
 	batch []BatchPublishing) ([]*DeferredConfirmation, error) {
+	// An empty batch is a no-op, and an ended ctx sends nothing, as PublishWithContext's.
 	if len(batch) == 0 {
 		return nil, nil
 	}
@@ -509,6 +523,8 @@ func (ch *Channel) PublishBatch(ctx context.Context,
 	if o == nil { // upstream mode, or no Observer
 		return ch.publishBatch(batch, nil)
 	}
+	// With an Observer: BeforePublish sees each message (a copy it may change) first, then
+	// the batch is written, then Published reports each with its tag and the batch's error.
 	infos := make([]PublishInfo, len(batch))
 	ctxs := make([]context.Context, len(batch))
 	batch = append([]BatchPublishing(nil), batch...) // the copies that BeforePublish may change
@@ -566,6 +582,8 @@ func (ch *Channel) publishBatch(batch []BatchPublishing,
 		pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
 		vecs = append(vecs, pb.vecs...)
 	}
+	// The tags are taken before the write, under the ch.m that the write holds too, as a
+	// single publish takes its own: in order, with no other publish of ch in between.
 	var dcs []*DeferredConfirmation
 	if ch.confirming.Load() {
 		dcs = make([]*DeferredConfirmation, len(batch))

@@ -16,6 +16,7 @@ var ErrStaleDelivery error = &closedBecause{
 // ErrUnknownDeliveryTag is wrapped by the error of an Ack, Nack or Reject,
 // with unique tags, of a tag above every tag its channel handed out.
 // Nothing is sent; the channel stays open (the broker would close it).
+// It does not wrap ErrClosed: the channel is not closed.
 var ErrUnknownDeliveryTag = errors.New("amqp: unknown delivery tag")
 
 // ErrStaleConfirmation is what DeferredConfirmation.WaitContext and Err return, with unique tags,
@@ -109,6 +110,8 @@ func (ch *Channel) nextGeneration() {
 	if ch.confirms == nil || !ch.connection.safeRecovery() {
 		return
 	}
+	// Each pending confirmation ends now, nacked with err set before done closes (setAck), so
+	// its waiters return; it leaves the map, where the new generation's tag 1 starts anew.
 	d := ch.confirms.deferredConfirmations
 	d.m.Lock()
 	defer d.m.Unlock()
@@ -124,6 +127,7 @@ func (ch *Channel) nextGeneration() {
 // settlement's tag translated or refused (settleTag); then sendGrouped sends it. ch.m is held
 // by the senders that matter here (the publish paths, Ack, Nack, Reject).
 func (ch *Channel) sendRecoverySafe(msg message) error {
+	// Publishes and settlements only: settleTag passes any other method unchanged.
 	if ch.connection.safeRecovery() {
 		if _, ok := msg.(*basicPublish); ok {
 			if err := ch.midRecovery(); err != nil {
@@ -149,6 +153,8 @@ func (ch *Channel) midRecovery() error {
 // settleTag translates a settlement's tag to the broker's, or refuses it (see deliveryTags);
 // ch.m is held. A refusal is counted for Stats and reported to Observer.SettleRefused.
 func (ch *Channel) settleTag(msg message) error {
+	// info describes the settlement with the application's tag, for SettleRefused; tag
+	// points into msg, so the translation below changes what is sent.
 	info := SettleInfo{Channel: ch.id}
 	var tag *uint64
 	switch m := msg.(type) {
@@ -193,7 +199,9 @@ func (ch *Channel) settleTag(msg message) error {
 	return err
 }
 
-// Err is ErrStaleConfirmation if its channel recovered before the confirm (unique tags), else nil.
+// Err is ErrStaleConfirmation if its channel recovered before the confirm (unique tags), else
+// nil. It is nil until the confirmation is done: nextGeneration sets the error before done
+// closes, and only then.
 func (d *DeferredConfirmation) Err() error {
 	if isClosing(d.done) {
 		return d.err

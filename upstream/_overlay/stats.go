@@ -32,7 +32,8 @@ type Stats struct {
 	StaleSettlements, UnknownTagSettlements uint64
 }
 
-// BudgetStats is the budget part of Stats.
+// BudgetStats is the budget part of Stats: the bytes read that wait for a listener or
+// consumer, which the drainer stops reading above (budget.go).
 type BudgetStats struct {
 	Limit       int64         // the budget in bytes; 0 when the read path keeps none
 	Used        int64         // bytes read that wait for a user
@@ -82,6 +83,8 @@ func (c *Connection) Stats() Stats {
 	now := time.Now()
 	s := Stats{Mode: c.ReadMode(), At: now, StaleSettlements: c.recovery.stale.Load(),
 		UnknownTagSettlements: c.recovery.unknown.Load()}
+	// Upstream mode has no socket writer of ours: only the frames its reader signals
+	// (hook 9 of patch 0001) and the refused settlements are known.
 	if c.rp == nil {
 		s.FramesIn = c.dispatched.frames.Load()
 		return s
@@ -110,7 +113,7 @@ func (l *legacyConn) stats(s *Stats, now time.Time) {
 func (d *drainConn) stats(s *Stats, now time.Time) {
 	d.io.fill(s)
 	s.Budget = d.budget.snapshot(now)
-	mono := monoNow()
+	mono := monoNow() // ages are measured on the monotonic clock the queues stamp
 	s.Listeners = d.connOut.listenerStats(s.Listeners, mono)
 	d.mu.Lock()
 	for _, disp := range d.dispatchers {
@@ -118,7 +121,7 @@ func (d *drainConn) stats(s *Stats, now time.Time) {
 	}
 	d.mu.Unlock()
 	s.Consumers = d.buffers.fill(s.Consumers, mono)
-	if d.watch != nil {
+	if d.watch != nil { // only with warnings or the stall policy (watch.go)
 		s.DroppedListeners = d.watch.dropped.Load()
 	}
 }
@@ -161,14 +164,16 @@ func (s *bufferSet) remove(st *bufferStat) {
 }
 
 // moved counts n deliveries more (n < 0: taken) and their cost; oldest is the oldest
-// waiting delivery's arrival (monoNow), 0 when none waits.
+// waiting delivery's arrival (monoNow), 0 when none waits. The inbox calls it under its own
+// lock, so one buffer's moves are stored in order.
 func (st *bufferStat) moved(n, cost, oldest int64) {
 	st.queued.Add(n)
 	st.bytes.Add(cost)
 	st.oldest.Store(oldest)
 }
 
-// fill appends an entry for every buffer that holds deliveries.
+// fill appends an entry for every buffer that holds deliveries: an idle consumer is not
+// listed, so the snapshot's size follows what is waiting, not how many consumers there are.
 func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
