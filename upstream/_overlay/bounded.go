@@ -9,10 +9,15 @@ import (
 	"sync"
 )
 
-// Bounded calls: a context variant (bounded_methods.go) runs the call, mostly the upstream method,
-// on its own goroutine, so the bound holds whatever it blocks in. Replies carry no request id, so a
-// channel whose caller left is abandoned (as the Java client's channelRpcTimeout does) through a
-// stand-in that keeps its id until the close-ok; a connection-level request ends the connection.
+// Bounded calls. A context variant (bounded_methods.go) runs the call, mostly the upstream
+// method, on its own goroutine, so the bound holds whatever the call blocks in. When the
+// caller leaves first, the call cannot simply be forgotten: AMQP replies carry no request id,
+// so the late reply would be taken for the reply to the channel's next request. A channel
+// whose caller left is therefore abandoned, as the Java client's channelRpcTimeout does: it is
+// closed for the application at once, and a stand-in keeps its id until the broker's
+// close-ok, discarding the late reply. A connection-level request has no channel to give up:
+// it ends the connection. The read modes' RPCTimeout ends a wait the same way (rpcTimedOut,
+// connTimedOut).
 
 // ErrRPCTimeout is an *RPCError's cause past DrainerOptions.RPCTimeout or LegacyOptions.RPCTimeout.
 var ErrRPCTimeout = errors.New("amqp: no reply within the RPC timeout")
@@ -30,7 +35,8 @@ type RPCError struct {
 	Channel uint16
 	// Err is context.Cause(ctx) or ErrRPCTimeout.
 	Err error
-	// Closed reports whether the channel or connection was closed; false when ctx ended before anything was sent.
+	// Closed reports whether the channel or connection was closed; false when ctx ended
+	// before anything was sent.
 	Closed bool
 }
 
@@ -54,10 +60,12 @@ func (e *RPCError) Unwrap() []error {
 	return []error{e.Err}
 }
 
-// errNilContext refuses a nil ctx, as the standard library does.
+// errNilContext refuses a nil ctx, as the standard library's context-taking calls do.
 var errNilContext = errors.New("amqp: nil Context")
 
-// boundedRun is one bounded call's goroutine state, pooled unless abandoned.
+// boundedRun is one bounded call's goroutine state, pooled so that a call that returns in
+// time allocates no chan. An abandoned one is never pooled again: its goroutine may still be
+// running, and writes err and done when it returns.
 type boundedRun struct {
 	call func() error
 	err  error
@@ -66,15 +74,18 @@ type boundedRun struct {
 
 var boundedRuns = sync.Pool{New: func() any { return &boundedRun{done: make(chan struct{}, 1)} }}
 
+// run is the call's goroutine.
 func (r *boundedRun) run() {
 	r.err = r.call()
 	r.done <- struct{}{}
 }
 
-// finish returns the call's error and gives r back to the pool.
+// finish returns the call's error and gives r back to the pool; the caller has received
+// from done, so the call's goroutine is finished with r.
 func (r *boundedRun) finish() error {
 	err := r.err
-	r.call, r.err = nil, nil
+	r.call = nil
+	r.err = nil
 	boundedRuns.Put(r)
 	return err
 }
@@ -82,7 +93,8 @@ func (r *boundedRun) finish() error {
 // runBounded runs call bounded by ctx: its error if it returns first, else the *RPCError,
 // after abandon (which must not block) got the chan that receives once call returned. An
 // ended ctx runs nothing; one that cannot end (Done nil) runs call inline.
-func runBounded(ctx context.Context, method string, channel uint16, call func() error, abandon func(cause error, ended <-chan struct{})) error {
+func runBounded(ctx context.Context, method string, channel uint16, call func() error,
+	abandon func(cause error, ended <-chan struct{})) error {
 	if ctx == nil {
 		return errNilContext
 	}
@@ -100,6 +112,8 @@ func runBounded(ctx context.Context, method string, channel uint16, call func() 
 		return r.finish()
 	case <-ctx.Done():
 	}
+	// select picks at random among ready cases: look at done once more, so that a call that
+	// returned as ctx ended keeps its result rather than abandoning a channel for nothing.
 	select {
 	case <-r.done: // the reply and the end came together: the reply wins
 		return r.finish()
@@ -112,47 +126,81 @@ func runBounded(ctx context.Context, method string, channel uint16, call func() 
 
 // bounded runs call, a method of ch, bounded by ctx; ch is abandoned if ctx ends first.
 func (ch *Channel) bounded(ctx context.Context, method string, call func() error) error {
-	return runBounded(ctx, method, ch.id, call, func(_ error, ended <-chan struct{}) { ch.abandonAfter(method, ended) })
+	return runBounded(ctx, method, ch.id, call,
+		func(_ error, ended <-chan struct{}) { ch.abandonAfter(method, ended) })
 }
 
-// abandonAfter gives up ch, at once, after a caller left before the reply to method; not if ch
-// is closed, closing or abandoned already. The call may still wait for the write lock (legacy:
-// for a read to end), and its request must not follow the channel.close: the stand-in writes
-// once ended receives (ch's shutdown ends the call's reply wait); nil: the request was written.
+// abandonAfter gives up ch at once, after its caller left before the reply to method; it does
+// nothing if ch is closed, closing or abandoned already. The abandoned call may still be
+// waiting for the write lock (in legacy mode, for a read to end), and its request must not
+// follow the channel.close: so the stand-in writes the close only once ended receives, that
+// is once the call returned (ch's shutdown ends the call's reply wait). A nil ended says the
+// request was written already.
 func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
-	if stand := ch.takeOver(true); stand != nil {
-		go func() {
-			err := ch.retire(stand, "abandoned "+method, ended)
-			stand.closeInBackground(err)
-		}()
+	stand := ch.abandonToStandIn()
+	if stand == nil {
+		return
 	}
+	go func() {
+		err := ch.retire(stand, "abandoned "+method, ended)
+		stand.closeInBackground(err)
+	}()
 }
 
-// takeOver hands ch's id to a new stand-in that discards its frames, under c.m; nil if ch no
-// longer holds it or, with abandon (which marks ch closed), if ch is closed or closing.
-func (ch *Channel) takeOver(abandon bool) *Channel {
+// A stand-in is a Channel that holds an abandoned channel's id until the broker's close-ok:
+// replies carry no request id, so a late reply to the abandoned request must reach a channel
+// that discards it, not a new channel that reused the id and would take it for its own reply.
+// It is registered in c.channels under c.m, and marked closing (closeInit) so that recovery
+// never reopens it; dropStandIn releases the id.
+
+// abandonToStandIn marks ch closed and gives its id to a new stand-in, under c.m; nil, with
+// nothing changed, if ch no longer holds its id or is closed or closing already. ch is marked
+// closing (closeInit: no recovery brings it back) and closed (nothing more is sent on it).
+// The checks, the marks and the registration share one c.m section, so of two abandonments
+// racing (a ctx and the RPC timeout, say) only one gets a stand-in.
+func (ch *Channel) abandonToStandIn() *Channel {
 	c := ch.connection
 	c.m.Lock()
 	defer c.m.Unlock()
-	if c.channels[ch.id] != ch || abandon && (ch.closeInit.Load() || ch.IsClosed()) {
+	if c.channels[ch.id] != ch || ch.closeInit.Load() || ch.IsClosed() {
 		return nil
 	}
-	if abandon {
-		ch.closeInit.Store(true) // no recovery brings it back
-		ch.setClosed()           // nothing more is sent on it
+	ch.closeInit.Store(true)
+	ch.setClosed()
+	return ch.registerStandIn()
+}
+
+// standInForClose gives the id of ch, whose channel.close was written, to a new stand-in that
+// waits for the close-ok, under c.m; nil if ch no longer holds its id. ch itself is left as
+// Close left it: Close is already shutting it down.
+func (ch *Channel) standInForClose() *Channel {
+	c := ch.connection
+	c.m.Lock()
+	defer c.m.Unlock()
+	if c.channels[ch.id] != ch {
+		return nil
 	}
+	return ch.registerStandIn()
+}
+
+// registerStandIn puts a new stand-in, which discards the frames it gets, on ch's id; the
+// caller holds c.m and has checked that ch holds the id.
+func (ch *Channel) registerStandIn() *Channel {
+	c := ch.connection
 	stand := newChannel(c, ch.id)
 	stand.closeInit.Store(true)
 	c.channels[ch.id] = stand
 	return stand
 }
 
-// rpcTimedOut abandons ch after RPCTimeout; for Close (written) a stand-in keeps the id till close-ok.
+// rpcTimedOut is what the read modes' RPCTimeout does to a channel request that got no reply:
+// ch is abandoned, except for Close, whose channel.close is written already: there a stand-in
+// only keeps the id until the close-ok, so Close's release does not free it for reuse early.
 func (ch *Channel) rpcTimedOut(res []message) error {
 	name := requestFor(res)
 	if name != "channel.close" {
 		ch.abandonAfter(name, nil)
-	} else if stand := ch.takeOver(false); stand != nil {
+	} else if stand := ch.standInForClose(); stand != nil {
 		go stand.closeInBackground(nil)
 	}
 	return &RPCError{Method: name, Channel: ch.id, Err: ErrRPCTimeout, Closed: true}
@@ -160,21 +208,30 @@ func (ch *Channel) rpcTimedOut(res []message) error {
 
 // connTimedOut is rpcTimedOut for channel 0: it ends the connection.
 func (c *Connection) connTimedOut(res []message) error {
+	// A channel-0 reply cannot be told from the next request's either, and there is no
+	// stand-in for channel 0: the generation ends, and recovery (Recover) may dial again.
 	name := requestFor(res)
-	c.rp.abandon(&Error{Code: InternalError, Reason: name + " got no reply within the RPC timeout", Recover: true})
+	c.rp.abandon(&Error{Code: InternalError, Recover: true,
+		Reason: name + " got no reply within the RPC timeout"})
 	return &RPCError{Method: name, Err: ErrRPCTimeout, Closed: true}
 }
 
-// closeStarted reports whether a close began: CloseTimeout, not RPCTimeout, bounds its wait.
+// closeStarted reports whether a connection close began (upstream's closeInit, under
+// closeM): such a wait is Close's, which CloseTimeout bounds, not RPCTimeout.
 func (c *Connection) closeStarted() bool {
 	c.closeM.Lock()
 	defer c.closeM.Unlock()
 	return c.closeInit
 }
 
-// retire shuts ch down as Close does, then sends channel.close through stand once ended receives.
+// retire shuts ch down as Close does, then sends channel.close through stand once ended
+// receives (nil: at once), with the send's error. A read path sends it through its
+// standInSend hook: legacy mode cuts a read in progress short there, since c.sendM's holder
+// may be waiting for that read.
 func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) error {
 	c := ch.connection
+	// Close's steps: recovery stops watching ch, its state says closing, and its
+	// listeners and waiters are closed, the abandoned call's reply wait among them.
 	ch.closeRecovery()
 	ch.lifeCycle.SetState(StateClosing, nil)
 	c.closeChannel(ch, nil) // ch no longer holds its id: this only shuts ch down
@@ -190,7 +247,8 @@ func (ch *Channel) retire(stand *Channel, reason string, ended <-chan struct{}) 
 	return send()
 }
 
-// closeInBackground waits for a stand-in's close-ok (unless sendErr: not sent), then releases its id.
+// closeInBackground waits for a stand-in's close-ok (unless sendErr: the close was not sent,
+// so none will come), then releases its id.
 func (stand *Channel) closeInBackground(sendErr error) {
 	if sendErr == nil {
 		_ = stand.awaitCloseOk(context.Background(), false)
@@ -198,14 +256,17 @@ func (stand *Channel) closeInBackground(sendErr error) {
 	stand.connection.dropStandIn(stand)
 }
 
-// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping the replies meant for the
-// caller who left; with pump it reads frames if the mode needs it (legacy), as Close does.
+// awaitCloseOk waits for a stand-in's close-ok until ctx ends, dropping the replies meant for
+// the caller who left; with pump it reads frames if the mode needs it (legacy), as Close does.
+// Without pump (a background wait) it only waits: another goroutine reads, or the
+// connection's end closes the chans and ends the wait.
 func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
 	ch.m.Unlock()
 	next := waitReply
-	if rp := ch.connection.rp; pump && rp != nil {
+	rp := ch.connection.rp
+	if pump && rp != nil {
 		next = rp.nextReply
 	}
 	for {
@@ -219,8 +280,9 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	}
 }
 
-// dropStandIn releases a stand-in's id, unless the broker's channel.close did, and shuts it
-// down; unlike releaseChannel also on a closed connection: recovery never reopens a stand-in.
+// dropStandIn releases a stand-in's id, unless the broker's channel.close did (then the id
+// may be another channel's already, hence the check under c.m), and shuts the stand-in down;
+// unlike releaseChannel also on a closed connection: recovery never reopens a stand-in.
 func (c *Connection) dropStandIn(stand *Channel) {
 	c.m.Lock()
 	if got, ok := c.channels[stand.id]; ok && got == stand {
@@ -232,7 +294,10 @@ func (c *Connection) dropStandIn(stand *Channel) {
 	stand.shutdown(nil)
 }
 
-// await is the waiting half of upstream's Channel.call, through the read path's hook.
+// await is the waiting half of upstream's Channel.call, for ChannelWithContext, which
+// writes channel.open itself to learn whether it was sent. With a read path it waits
+// through the chanCall hook (RPCTimeout, the Observer's RPC, legacy mode's reading);
+// upstream mode waits for its reader, as upstream's call does.
 func (ch *Channel) await(res ...message) error {
 	ch.m.Lock()
 	errs, rpc := ch.errors, ch.rpc
@@ -247,9 +312,11 @@ func (ch *Channel) await(res ...message) error {
 	return matchReply(msg, res)
 }
 
-// abandonConnection ends c: a late reply to a connection-level request would pass for the next's.
+// abandonConnection ends c: a late reply to a connection-level request would pass for the
+// next's. Recover is set, so recovery, where enabled, dials again.
 func (c *Connection) abandonConnection(method string, cause error) {
-	err := &Error{Code: InternalError, Reason: fmt.Sprintf("%s got no reply: %v", method, cause), Recover: true}
+	err := &Error{Code: InternalError, Recover: true,
+		Reason: fmt.Sprintf("%s got no reply: %v", method, cause)}
 	if c.rp != nil {
 		c.rp.abandon(err)
 		return
@@ -257,18 +324,25 @@ func (c *Connection) abandonConnection(method string, cause error) {
 	go c.shutdown(err)
 }
 
-// channelRequests names the requests by their replies, all the RPC timeout sees.
+// channelRequests names the requests by the class and method ids of their replies: a reply
+// wait knows only the replies it expects, not the request sent.
 var channelRequests = map[[2]uint16]string{
-	{10, 10}: "protocol header", {10, 20}: "connection.start-ok", {10, 30}: "connection.start-ok", {10, 41}: "connection.open",
+	{10, 10}: "protocol header", {10, 20}: "connection.start-ok",
+	{10, 30}: "connection.start-ok", {10, 41}: "connection.open",
 	{10, 51}: "connection.close", {10, 71}: "connection.update-secret",
 	{20, 11}: "channel.open", {20, 21}: "channel.flow", {20, 41}: "channel.close",
-	{40, 11}: "exchange.declare", {40, 21}: "exchange.delete", {40, 31}: "exchange.bind", {40, 51}: "exchange.unbind",
-	{50, 11}: "queue.declare", {50, 21}: "queue.bind", {50, 31}: "queue.purge", {50, 41}: "queue.delete", {50, 51}: "queue.unbind",
-	{60, 11}: "basic.qos", {60, 21}: "basic.consume", {60, 31}: "basic.cancel", {60, 71}: "basic.get", {60, 72}: "basic.get", {60, 111}: "basic.recover",
-	{85, 11}: "confirm.select", {90, 11}: "tx.select", {90, 21}: "tx.commit", {90, 31}: "tx.rollback",
+	{40, 11}: "exchange.declare", {40, 21}: "exchange.delete",
+	{40, 31}: "exchange.bind", {40, 51}: "exchange.unbind",
+	{50, 11}: "queue.declare", {50, 21}: "queue.bind", {50, 31}: "queue.purge",
+	{50, 41}: "queue.delete", {50, 51}: "queue.unbind",
+	{60, 11}: "basic.qos", {60, 21}: "basic.consume", {60, 31}: "basic.cancel",
+	{60, 71}: "basic.get", {60, 72}: "basic.get", {60, 111}: "basic.recover",
+	{85, 11}: "confirm.select", {90, 11}: "tx.select", {90, 21}: "tx.commit",
+	{90, 31}: "tx.rollback",
 }
 
-// requestFor names the request whose replies res lists.
+// requestFor names the request whose replies res lists: the first reply it knows decides,
+// and "request" stands for one it does not know.
 func requestFor(res []message) string {
 	for _, m := range res {
 		if m == nil {
@@ -282,7 +356,9 @@ func requestFor(res []message) string {
 	return "request"
 }
 
-// waitReply waits until ctx ends for rpc or errs, where another reads the socket.
+// waitReply waits until ctx ends for rpc or errs, where another goroutine reads the socket
+// (upstream mode's reader, or the drainer). A closed errs, or a nil from a closed rpc, means
+// the channel closed: ErrClosed, as upstream's call returns.
 func waitReply(ctx context.Context, errs chan *Error, rpc chan message) (message, error) {
 	select {
 	case e, ok := <-errs:

@@ -7,13 +7,23 @@ import (
 	"errors"
 )
 
-// The context variants of the synchronous methods (bounded.go; RPCError says what a ctx that ends
-// first does). Each of Channel's but CloseWithContext runs the upstream method of its name, so acts
-// as it does, its wait bounded by ctx; a ctx with a nil Done (context.Background()) runs it inline.
+// The context variants of the synchronous methods (bounded.go runs them; RPCError says what
+// a ctx that ends first does). Each of Channel's but CloseWithContext runs the upstream method
+// of its name, so it checks its arguments, records topology for recovery and fails as that
+// method does, with its wait bounded by ctx; a ctx whose Done is nil (context.Background())
+// cannot end, so the method runs inline on the caller's goroutine, at no extra cost.
+//
+// Why a goroutine and not a ctx passed down: upstream's methods block in several places (the
+// write lock, the socket write, the reply wait, in legacy mode a read by another goroutine),
+// none of which takes a ctx. Running the method on its own goroutine bounds all of them at
+// once, and leaves upstream's code untouched.
 
 // QosWithContext is Qos, bounded by ctx (see RPCError).
-func (ch *Channel) QosWithContext(ctx context.Context, prefetchCount, prefetchSize int, global bool) error {
-	return ch.bounded(ctx, "basic.qos", func() error { return ch.Qos(prefetchCount, prefetchSize, global) })
+func (ch *Channel) QosWithContext(ctx context.Context, prefetchCount, prefetchSize int,
+	global bool) error {
+	return ch.bounded(ctx, "basic.qos", func() error {
+		return ch.Qos(prefetchCount, prefetchSize, global)
+	})
 }
 
 // CancelWithContext is Cancel, bounded by ctx (see RPCError).
@@ -22,66 +32,96 @@ func (ch *Channel) CancelWithContext(ctx context.Context, consumer string, noWai
 }
 
 // QueueDeclareWithContext is QueueDeclare, bounded by ctx (see RPCError).
-func (ch *Channel) QueueDeclareWithContext(ctx context.Context, name string, durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
-	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) { return ch.QueueDeclare(name, durable, autoDelete, exclusive, noWait, args) })
+func (ch *Channel) QueueDeclareWithContext(ctx context.Context, name string,
+	durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
+	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) {
+		return ch.QueueDeclare(name, durable, autoDelete, exclusive, noWait, args)
+	})
 }
 
 // QueueDeclarePassiveWithContext is QueueDeclarePassive, bounded by ctx (see RPCError).
-func (ch *Channel) QueueDeclarePassiveWithContext(ctx context.Context, name string, durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
+func (ch *Channel) QueueDeclarePassiveWithContext(ctx context.Context, name string,
+	durable, autoDelete, exclusive, noWait bool, args Table) (Queue, error) {
 	return boundedValue(ctx, ch, "queue.declare", func() (Queue, error) {
 		return ch.QueueDeclarePassive(name, durable, autoDelete, exclusive, noWait, args)
 	})
 }
 
 // QueueBindWithContext is QueueBind, bounded by ctx (see RPCError).
-func (ch *Channel) QueueBindWithContext(ctx context.Context, name, key, exchange string, noWait bool, args Table) error {
-	return ch.bounded(ctx, "queue.bind", func() error { return ch.QueueBind(name, key, exchange, noWait, args) })
+func (ch *Channel) QueueBindWithContext(ctx context.Context, name, key, exchange string,
+	noWait bool, args Table) error {
+	return ch.bounded(ctx, "queue.bind", func() error {
+		return ch.QueueBind(name, key, exchange, noWait, args)
+	})
 }
 
 // QueueUnbindWithContext is QueueUnbind, bounded by ctx (see RPCError).
-func (ch *Channel) QueueUnbindWithContext(ctx context.Context, name, key, exchange string, args Table) error {
-	return ch.bounded(ctx, "queue.unbind", func() error { return ch.QueueUnbind(name, key, exchange, args) })
+func (ch *Channel) QueueUnbindWithContext(ctx context.Context, name, key, exchange string,
+	args Table) error {
+	return ch.bounded(ctx, "queue.unbind", func() error {
+		return ch.QueueUnbind(name, key, exchange, args)
+	})
 }
 
 // QueuePurgeWithContext is QueuePurge, bounded by ctx (see RPCError).
-func (ch *Channel) QueuePurgeWithContext(ctx context.Context, name string, noWait bool) (int, error) {
-	return boundedValue(ctx, ch, "queue.purge", func() (int, error) { return ch.QueuePurge(name, noWait) })
+func (ch *Channel) QueuePurgeWithContext(ctx context.Context, name string,
+	noWait bool) (int, error) {
+	return boundedValue(ctx, ch, "queue.purge", func() (int, error) {
+		return ch.QueuePurge(name, noWait)
+	})
 }
 
 // QueueDeleteWithContext is QueueDelete, bounded by ctx (see RPCError).
-func (ch *Channel) QueueDeleteWithContext(ctx context.Context, name string, ifUnused, ifEmpty, noWait bool) (int, error) {
-	return boundedValue(ctx, ch, "queue.delete", func() (int, error) { return ch.QueueDelete(name, ifUnused, ifEmpty, noWait) })
+func (ch *Channel) QueueDeleteWithContext(ctx context.Context, name string,
+	ifUnused, ifEmpty, noWait bool) (int, error) {
+	return boundedValue(ctx, ch, "queue.delete", func() (int, error) {
+		return ch.QueueDelete(name, ifUnused, ifEmpty, noWait)
+	})
 }
 
 // ExchangeDeclareWithContext is ExchangeDeclare, bounded by ctx (see RPCError).
-func (ch *Channel) ExchangeDeclareWithContext(ctx context.Context, name, kind string, durable, autoDelete, internal, noWait bool, args Table) error {
-	return ch.bounded(ctx, "exchange.declare", func() error { return ch.ExchangeDeclare(name, kind, durable, autoDelete, internal, noWait, args) })
+func (ch *Channel) ExchangeDeclareWithContext(ctx context.Context, name, kind string,
+	durable, autoDelete, internal, noWait bool, args Table) error {
+	return ch.bounded(ctx, "exchange.declare", func() error {
+		return ch.ExchangeDeclare(name, kind, durable, autoDelete, internal, noWait, args)
+	})
 }
 
 // ExchangeDeclarePassiveWithContext is ExchangeDeclarePassive, bounded by ctx (see RPCError).
-func (ch *Channel) ExchangeDeclarePassiveWithContext(ctx context.Context, name, kind string, durable, autoDelete, internal, noWait bool, args Table) error {
+func (ch *Channel) ExchangeDeclarePassiveWithContext(ctx context.Context, name, kind string,
+	durable, autoDelete, internal, noWait bool, args Table) error {
 	return ch.bounded(ctx, "exchange.declare", func() error {
 		return ch.ExchangeDeclarePassive(name, kind, durable, autoDelete, internal, noWait, args)
 	})
 }
 
 // ExchangeDeleteWithContext is ExchangeDelete, bounded by ctx (see RPCError).
-func (ch *Channel) ExchangeDeleteWithContext(ctx context.Context, name string, ifUnused, noWait bool) error {
-	return ch.bounded(ctx, "exchange.delete", func() error { return ch.ExchangeDelete(name, ifUnused, noWait) })
+func (ch *Channel) ExchangeDeleteWithContext(ctx context.Context, name string,
+	ifUnused, noWait bool) error {
+	return ch.bounded(ctx, "exchange.delete", func() error {
+		return ch.ExchangeDelete(name, ifUnused, noWait)
+	})
 }
 
 // ExchangeBindWithContext is ExchangeBind, bounded by ctx (see RPCError).
-func (ch *Channel) ExchangeBindWithContext(ctx context.Context, destination, key, source string, noWait bool, args Table) error {
-	return ch.bounded(ctx, "exchange.bind", func() error { return ch.ExchangeBind(destination, key, source, noWait, args) })
+func (ch *Channel) ExchangeBindWithContext(ctx context.Context, destination, key, source string,
+	noWait bool, args Table) error {
+	return ch.bounded(ctx, "exchange.bind", func() error {
+		return ch.ExchangeBind(destination, key, source, noWait, args)
+	})
 }
 
 // ExchangeUnbindWithContext is ExchangeUnbind, bounded by ctx (see RPCError).
-func (ch *Channel) ExchangeUnbindWithContext(ctx context.Context, destination, key, source string, noWait bool, args Table) error {
-	return ch.bounded(ctx, "exchange.unbind", func() error { return ch.ExchangeUnbind(destination, key, source, noWait, args) })
+func (ch *Channel) ExchangeUnbindWithContext(ctx context.Context, destination, key,
+	source string, noWait bool, args Table) error {
+	return ch.bounded(ctx, "exchange.unbind", func() error {
+		return ch.ExchangeUnbind(destination, key, source, noWait, args)
+	})
 }
 
 // GetWithContext is Get, bounded by ctx (see RPCError).
-func (ch *Channel) GetWithContext(ctx context.Context, queue string, autoAck bool) (Delivery, bool, error) {
+func (ch *Channel) GetWithContext(ctx context.Context, queue string,
+	autoAck bool) (Delivery, bool, error) {
 	type got struct {
 		msg Delivery
 		ok  bool
@@ -98,7 +138,9 @@ func (ch *Channel) TxWithContext(ctx context.Context) error {
 	return ch.bounded(ctx, "tx.select", ch.Tx)
 }
 
-// TxCommitWithContext is TxCommit, bounded by ctx (see RPCError).
+// TxCommitWithContext is TxCommit, bounded by ctx (see RPCError). Whether a commit whose ctx
+// ended was carried out is unknown: the channel is closed, which rolls back only a
+// transaction the broker had not committed yet.
 func (ch *Channel) TxCommitWithContext(ctx context.Context) error {
 	return ch.bounded(ctx, "tx.commit", ch.TxCommit)
 }
@@ -123,9 +165,11 @@ func (ch *Channel) RecoverWithContext(ctx context.Context, requeue bool) error {
 	return ch.bounded(ctx, "basic.recover", func() error { return ch.Recover(requeue) })
 }
 
-// ConsumeWithRPCContext is Consume, its basic.consume round trip bounded by ctx (see RPCError);
-// afterwards ctx does nothing, where upstream's ConsumeWithContext's ctx cancels the consumer.
-func (ch *Channel) ConsumeWithRPCContext(ctx context.Context, queue, consumer string, autoAck, exclusive, noLocal, noWait bool, args Table) (<-chan Delivery, error) {
+// ConsumeWithRPCContext is Consume, its basic.consume round trip bounded by ctx (see
+// RPCError); afterwards ctx does nothing, where upstream's ConsumeWithContext's ctx cancels
+// the consumer when it ends.
+func (ch *Channel) ConsumeWithRPCContext(ctx context.Context, queue, consumer string,
+	autoAck, exclusive, noLocal, noWait bool, args Table) (<-chan Delivery, error) {
 	return boundedValue(ctx, ch, "basic.consume", func() (<-chan Delivery, error) {
 		return ch.Consume(queue, consumer, autoAck, exclusive, noLocal, noWait, args)
 	})
@@ -142,16 +186,25 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 	if ctx.Done() == nil {
 		return ch.Close()
 	}
-	stand := ch.takeOver(true)
+	// The stand-in takes the id now: ch is closed for the application at once, and the
+	// close-ok, whenever it comes, goes to the stand-in, which holds the id until then.
+	stand := ch.abandonToStandIn()
 	if stand == nil {
 		return nil // closed or closing already, as Close finds it
 	}
+	// sent receives retire's error: whether the channel.close was written. Buffered, so the
+	// retiring goroutine never waits for a caller who left; giveUp then reads it instead.
 	sent := make(chan error, 1)
-	go func() { sent <- ch.retire(stand, "kthxbai", nil) }()
+	go func() { sent <- ch.retire(stand, "kthxbai", nil) }() // Connection.Close's reply text
+	// giveUp leaves the rest to a background goroutine: it waits for the close-ok if the
+	// close was sent, then releases the id.
 	giveUp := func() error {
 		go func() { stand.closeInBackground(<-sent) }()
-		return &RPCError{Method: "channel.close", Channel: ch.id, Err: context.Cause(ctx), Closed: true}
+		return &RPCError{Method: "channel.close", Channel: ch.id, Err: context.Cause(ctx),
+			Closed: true}
 	}
+	// Two waits, each bounded by ctx: the close's write (legacy mode may have to wait for a
+	// read to end first), then the broker's close-ok. A failed write needs no close-ok.
 	var err error
 	select {
 	case err = <-sent:
@@ -165,6 +218,7 @@ func (ch *Channel) CloseWithContext(ctx context.Context) error {
 			return giveUp()
 		}
 	}
+	// The close-ok came (or the close failed): the id is free for the next channel.
 	ch.connection.dropStandIn(stand)
 	return err
 }
@@ -177,6 +231,8 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if ctx == nil {
 		return nil, errNilContext
 	}
+	// As runBounded: a ctx that cannot end runs upstream's Channel inline, and an ended one
+	// takes no id and sends nothing.
 	if ctx.Done() == nil {
 		return c.Channel()
 	}
@@ -187,7 +243,9 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 	if err != nil {
 		return nil, err
 	}
-	// sent: whether channel.open was written; if not, a channel.close for the id is a connection error.
+	// sent receives whether channel.open was written. An abandonment must know: for an id the
+	// broker never heard of, a channel.close would be a connection error (the id is released
+	// instead), while for one it did, the id must wait for a stand-in's close-ok.
 	sent := make(chan error, 1)
 	err = runBounded(ctx, "channel.open", ch.id, func() error {
 		err := ch.send(&channelOpen{})
@@ -198,12 +256,15 @@ func (c *Connection) ChannelWithContext(ctx context.Context) (*Channel, error) {
 		return ch.await(&channelOpenOk{})
 	}, func(error, <-chan struct{}) { go ch.abandonOpen(sent) })
 	if err != nil {
+		// An abandoned open (Closed) belongs to abandonOpen now; any other failure
+		// releases the id here, as upstream's openChannel does.
 		var re *RPCError
 		if !errors.As(err, &re) || !re.Closed {
-			c.releaseChannel(ch) // as upstream's openChannel
+			c.releaseChannel(ch)
 		}
 		return nil, err
 	}
+	// The rest of upstream's openChannel: the channel is open, and recovery watches it.
 	ch.lifeCycle.SetState(StateOpen, nil)
 	if c.IsRecoveryEnabled() {
 		ch.watchChannel()
@@ -238,20 +299,27 @@ func (c *Connection) CloseWithContext(ctx context.Context) error {
 	if ctx == nil {
 		return errNilContext
 	}
-	if ctx.Err() != nil { // a ctx whose Done is nil never ends: runBounded runs Close inline
+	// An ended ctx still closes the connection (that is what the caller asked for), but
+	// without waiting for anything: the socket first, so that Close's handshake fails at once.
+	// A ctx whose Done is nil never ends: runBounded runs Close inline.
+	if ctx.Err() != nil {
 		if c.IsClosed() {
 			return ErrClosed
 		}
 		go func() { c.closeSocket(); _ = c.Close() }()
 		return &RPCError{Method: method, Err: context.Cause(ctx), Closed: true}
 	}
-	return runBounded(ctx, method, 0, c.Close, func(error, <-chan struct{}) { go c.closeSocket() })
+	return runBounded(ctx, method, 0, c.Close,
+		func(error, <-chan struct{}) { go c.closeSocket() })
 }
 
-// closeSocket closes the current socket: the reader fails, releasing every waiter.
+// closeSocket closes the current socket: the reader fails, releasing every waiter. A read
+// path fails its generation (rp.abandon), which closes the socket and says why; upstream mode
+// closes c.conn, read under c.m as upstream's reader reads it.
 func (c *Connection) closeSocket() {
 	if c.rp != nil {
-		c.rp.abandon(&Error{Code: InternalError, Reason: "connection.close got no reply in time: socket closed"})
+		c.rp.abandon(&Error{Code: InternalError,
+			Reason: "connection.close got no reply in time: socket closed"})
 		return
 	}
 	c.m.Lock()
@@ -263,9 +331,14 @@ func (c *Connection) closeSocket() {
 }
 
 // boundedValue is ch.bounded for a method that returns a value (zero with an error).
-func boundedValue[T any](ctx context.Context, ch *Channel, method string, call func() (T, error)) (T, error) {
+func boundedValue[T any](ctx context.Context, ch *Channel, method string,
+	call func() (T, error)) (T, error) {
 	var v T // the abandoned call's goroutine may still write it: read only on success
-	if err := ch.bounded(ctx, method, func() (err error) { v, err = call(); return err }); err != nil {
+	err := ch.bounded(ctx, method, func() (err error) {
+		v, err = call()
+		return err
+	})
+	if err != nil {
 		return *new(T), err
 	}
 	return v, nil

@@ -15,6 +15,10 @@ import (
 // expired the old one. Config.Credentials is asked at every login; without it, safe recovery
 // sends the last UpdateSecret's secret as the password (PLAIN, AMQPLAIN), as the Java and .NET
 // clients do. Then a refused login names endpoint and user, not password.
+//
+// The provider is asked before anything is written to the socket, and bounded: a provider
+// that hangs (a token service that does not answer) must not hold a recovery attempt for
+// ever, since upstream's backoff and MaxRetryCount only count attempts that return.
 
 // CredentialsFunc returns a login's Authentication, as Config.Credentials: a PlainAuth with the
 // current password or token, say. ctx ends at the login's timeout; a func that ignores it is waited
@@ -27,10 +31,14 @@ type CredentialsFunc func(ctx context.Context) (Authentication, error)
 // was sent to the broker: the provider is asked before the protocol header.
 var ErrCredentialsProvider = errors.New("amqp: credentials provider failed")
 
-// credentialsFor asks provider for a login to endpoint, bounded by timeout (one ignoring ctx is left behind).
-func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Duration) ([]Authentication, error) {
+// credentialsFor asks provider for a login to endpoint, bounded by timeout. The provider runs
+// on its own goroutine, so a provider that ignores its ctx is left behind, not waited for;
+// done is buffered so that its late answer never blocks it.
+func credentialsFor(provider CredentialsFunc, endpoint string,
+	timeout time.Duration) ([]Authentication, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// answer carries the provider's two results through one chan.
 	type answer struct {
 		auth Authentication
 		err  error
@@ -43,15 +51,19 @@ func credentialsFor(provider CredentialsFunc, endpoint string, timeout time.Dura
 		case a.err != nil:
 			return nil, fmt.Errorf("%w for %s: %w", ErrCredentialsProvider, endpoint, a.err)
 		case a.auth == nil:
-			return nil, fmt.Errorf("%w for %s: it returned no Authentication", ErrCredentialsProvider, endpoint)
+			return nil, fmt.Errorf("%w for %s: it returned no Authentication",
+				ErrCredentialsProvider, endpoint)
 		}
 		return []Authentication{a.auth}, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("%w for %s: no answer within %v: %w", ErrCredentialsProvider, endpoint, timeout, ctx.Err())
+		return nil, fmt.Errorf("%w for %s: no answer within %v: %w",
+			ErrCredentialsProvider, endpoint, timeout, ctx.Err())
 	}
 }
 
-// openCredentials is Open's: config.SASL is the provider's answer, bounded by the default timeout.
+// openCredentials is Open's hook: config.SASL becomes the provider's answer, bounded by the
+// default connection timeout (Open is given a socket, not a URI with a connection_timeout).
+// It is stored in c.Config too, the configuration that recovery starts from.
 func (c *Connection) openCredentials(config *Config) error {
 	if config.Credentials == nil {
 		return nil
@@ -60,13 +72,19 @@ func (c *Connection) openCredentials(config *Config) error {
 	if err != nil {
 		return err
 	}
-	config.SASL, c.Config.SASL = sasl, sasl
+	config.SASL = sasl
+	c.Config.SASL = sasl
 	return nil
 }
 
-// openRecovered is Reconnect's c.open(c.Config), with the provider's or UpdateSecret's credentials.
+// openRecovered is Reconnect's c.open(c.Config), with the provider's or UpdateSecret's
+// credentials: the provider first, bounded by the URI's connection_timeout; else, with safe
+// recovery, the kept secret as the password; else upstream's call unchanged. Only the first
+// two wrap a refused login with loginError: upstream's error stays upstream's.
 func (c *Connection) openRecovered() error {
 	endpoint := c.endpoint()
+	// Each case sets the SASL that c.open sends; upstream's Reconnect has restored
+	// c.Config.SASL from Open's (or from the URL dialled) just before.
 	switch {
 	case c.Config.Credentials != nil:
 		sasl, err := credentialsFor(c.Config.Credentials, endpoint, c.handshakeTimeout())
@@ -84,14 +102,17 @@ func (c *Connection) openRecovered() error {
 	return loginError(c.open(c.Config), endpoint, c.Config.SASL)
 }
 
-// keepSecret is UpdateSecret's: with safe recovery, later recoveries log in with newSecret.
+// keepSecret is UpdateSecret's hook, run before its closed check and its round trip: with
+// safe recovery, later recoveries log in with newSecret.
 func (c *Connection) keepSecret(newSecret string) {
 	if c.safeRecovery() {
 		c.recovery.secret.Store(&newSecret)
 	}
 }
 
-// withSecret returns sasl with secret as the password of its PLAIN and AMQPLAIN Authentications.
+// withSecret returns sasl with secret as the password of its PLAIN and AMQPLAIN
+// Authentications, the mechanisms that carry one; others (EXTERNAL, a custom mechanism) are
+// kept as they are. sasl is copied and its Authentications replaced, never changed in place.
 func withSecret(sasl []Authentication, secret string) []Authentication {
 	out := make([]Authentication, len(sasl))
 	for i, a := range sasl {
@@ -107,7 +128,8 @@ func withSecret(sasl []Authentication, secret string) []Authentication {
 	return out
 }
 
-// loginError names endpoint and user in a refused login's error (ErrCredentials); others pass unchanged.
+// loginError names endpoint and user in a refused login's error (ErrCredentials), never the
+// password; other errors pass unchanged.
 func loginError(err error, endpoint string, sasl []Authentication) error {
 	if !errors.Is(err, ErrCredentials) {
 		return err
@@ -124,7 +146,8 @@ func loginError(err error, endpoint string, sasl []Authentication) error {
 	return fmt.Errorf("amqp: login to %s as %s refused: %w", endpoint, user, err)
 }
 
-// endpoint names the peer for errors: RemoteAddr, or "the broker" without one (a zero TCPAddr).
+// endpoint names the peer for errors: RemoteAddr, or "the broker" without one (upstream's
+// RemoteAddr returns a zero TCPAddr for a transport without a RemoteAddr, a test's, say).
 func (c *Connection) endpoint() string {
 	ra := c.RemoteAddr()
 	if a, ok := ra.(*net.TCPAddr); ok && a.Port == 0 && a.IP == nil {

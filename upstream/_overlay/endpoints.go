@@ -5,6 +5,10 @@ package amqp091
 // Endpoint lists: a connection that knows several URLs of one cluster recovers onto the next
 // of them. Reconnect's hooks (0002-recovery-endpoints.patch), recoveryEndpoint and
 // endpointCredentials, run upstream's code when Config.Endpoints is nil.
+//
+// Everything that can fail (a URL that does not parse, an unreadable certificate file, a
+// vhost that differs) fails in NewEndpoints, when the application builds the list, not at a
+// recovery, where the error would only show as one more failed attempt.
 
 import (
 	"crypto/tls"
@@ -75,7 +79,9 @@ type Endpoints struct {
 type endpoint struct {
 	Endpoint
 	uri URI
-	tls *tls.Config // the handshake's configuration (amqps only): own ServerName, never the caller's pointer
+	// tls is the handshake's configuration (amqps only): a copy with its ServerName set, never
+	// the caller's pointer, which the application may change or share.
+	tls *tls.Config
 }
 
 // NewEndpoints validates a list of endpoints and returns it with the given order. Every URL must
@@ -90,22 +96,28 @@ func NewEndpoints(order EndpointOrder, endpoints ...Endpoint) (*Endpoints, error
 		return nil, ErrNoEndpoints
 	}
 	n := len(endpoints)
-	e := &Endpoints{order: order, eps: make([]endpoint, n), perm: make([]int, n), pos: n, last: -1, rand: rand.Perm}
+	e := &Endpoints{order: order, eps: make([]endpoint, n), perm: make([]int, n),
+		pos: n, last: -1, rand: rand.Perm}
 	for i, ep := range endpoints {
 		uri, err := ParseURI(ep.URL)
 		if err != nil {
 			return nil, fmt.Errorf("amqp091: endpoint %d (%s): %w", i, redactURL(ep.URL), err)
 		}
 		if i > 0 && uri.Vhost != e.eps[0].uri.Vhost {
-			return nil, fmt.Errorf("amqp091: endpoint %d (%s) names vhost %q, endpoint 0 names %q: the endpoints of a list share one vhost",
-				i, redactURL(ep.URL), uri.Vhost, e.eps[0].uri.Vhost)
+			return nil, fmt.Errorf("amqp091: endpoint %d (%s) names vhost %q, endpoint 0 names %q: "+
+				"the endpoints of a list share one vhost", i, redactURL(ep.URL), uri.Vhost,
+				e.eps[0].uri.Vhost)
 		}
+		// The handshake's TLS configuration, built now: the caller's copied (so later
+		// changes are not seen), or upstream's from the URI, with the URI's host as the
+		// server name when none is set, as upstream's DialConfig does.
 		var tc *tls.Config
 		if uri.Scheme == "amqps" {
 			if ep.TLS != nil {
 				tc = ep.TLS.Clone()
 			} else if tc, err = tlsConfigFromURI(uri); err != nil {
-				return nil, fmt.Errorf("amqp091: endpoint %d (%s): create TLS config from URI: %w", i, redactURL(ep.URL), err)
+				return nil, fmt.Errorf("amqp091: endpoint %d (%s): create TLS config from URI: %w",
+					i, redactURL(ep.URL), err)
 			}
 			if tc.ServerName == "" {
 				tc.ServerName = uri.Host
@@ -122,7 +134,8 @@ func (e *Endpoints) Order() EndpointOrder { return e.order }
 // Len returns the number of endpoints.
 func (e *Endpoints) Len() int { return len(e.eps) }
 
-// All returns the endpoints in the order they were given.
+// All returns the endpoints in the order they were given, in a new slice: changing it does
+// not change the list.
 func (e *Endpoints) All() []Endpoint {
 	all := make([]Endpoint, len(e.eps))
 	for i, ep := range e.eps {
@@ -143,15 +156,18 @@ func (e *Endpoints) Reset() {
 	e.mu.Unlock()
 }
 
-// next is Next, returning the parsed endpoint.
+// next is Next, returning the parsed endpoint. Under e.mu, since connections sharing the
+// list may recover at once: each call takes one position, and a pass is built once.
 func (e *Endpoints) next() *endpoint {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n := len(e.eps)
-	if e.pos >= n {
+	if e.pos >= n { // the pass is over (or Reset ended it): lay out the next one in perm
 		if e.order == Shuffle {
 			e.perm = e.rand(n)
 		} else {
+			// InOrder starts at the first endpoint; RoundRobin after the one handed out
+			// last, so a Reset does not send every recovery back to the same endpoint.
 			start := 0
 			if e.order == RoundRobin {
 				start = e.last + 1
@@ -180,6 +196,7 @@ func (c *Connection) recoveryEndpoint(attempt int) (URI, *tls.Config, error) {
 		eps.Reset()
 	}
 	ep := eps.next()
+	// One log line per attempt, with the URL's password hidden (redactURL).
 	Logger.Printf("Connection recovery dials endpoint %s (%s)", redactURL(ep.URL), eps.order)
 	return ep.uri, ep.tls, nil
 }
@@ -195,6 +212,8 @@ func (c *Connection) endpointCredentials() bool {
 	if err != nil {
 		return false
 	}
+	// What upstream's setSASL derives from the first URL, compared with the SASL that Open
+	// was given (originalSASL): equal means it came from the URL, none of the application's.
 	var fromURL Config
 	if err := fromURL.setSASL(uri); err != nil {
 		return false

@@ -18,26 +18,40 @@ type Observer struct {
 	// a copy valid during the call: it may set msg.Headers to a new Table (trace context) but not
 	// modify the caller's. Its result (ctx is fine) goes to Published.
 	BeforePublish func(ctx context.Context, info PublishInfo, msg *Publishing) context.Context
-	Published     func(ctx context.Context, info PublishInfo, err error) // written (err nil) or failed; BeforePublish's ctx
+	// Published runs once the publish was written (err nil) or failed, with BeforePublish's
+	// ctx (the publish's own without BeforePublish).
+	Published func(ctx context.Context, info PublishInfo, err error)
 	// Confirmed runs as confirms arrive, once per tag in order. Only publishes BeforePublish
 	// would see are timed; a multiple confirm reports those, not any sent before an untimed one.
 	Confirmed func(ConfirmInfo)
-	Returned  func(*Return) // for every basic.return, as it arrives
-	// Delivered runs per basic.deliver (not basic.get-ok), in order, before it waits for the application.
+	// Returned runs for every basic.return, as it arrives.
+	Returned func(*Return)
+	// Delivered runs per basic.deliver (not basic.get-ok), in order, before the delivery
+	// waits for the application.
 	Delivered func(*Delivery)
-	Handled   func(d *Delivery, took time.Duration, err error) // a ConsumeFunc handler returned
+	// Handled runs when a ConsumeFunc handler returned, with how long it took.
+	Handled func(d *Delivery, took time.Duration, err error)
 	// Settled runs once an application basic.ack, nack or reject is written (a
 	// failed write ends the connection). Read off the frames, its DeliveryTag is
 	// the broker's: after a recovery, the application's less its offset (recoverytags.go).
+	// It runs inside the socket write, mostly under the connection's write lock, so it
+	// must not write to the connection: that would deadlock.
 	Settled func(SettleInfo)
 	// SettleRefused runs when Ack, Nack or Reject refuses a tag and sends
 	// nothing: err wraps ErrStaleDelivery (delivered before its channel
 	// recovered) or ErrUnknownDeliveryTag. Its DeliveryTag is the application's.
-	SettleRefused               func(info SettleInfo, err error)
-	RPC                         func(RPCInfo)         // a synchronous method (the handshake's too) has its reply or failed
-	BudgetPaused, BudgetResumed func(BudgetInfo)      // the drainer stopped reading for a full budget; it reads again
-	ListenerDropped             func(ListenerStats)   // the stall policy (DrainerOptions.DropStalledListener) closed one
-	Connection                  func(ConnectionEvent) // a generation opened (also by recovery or Reconnect), or the end
+	SettleRefused func(info SettleInfo, err error)
+	// RPC runs when a synchronous method (the handshake's too) has its reply, or failed.
+	RPC func(RPCInfo)
+	// BudgetPaused runs when the drainer stops reading for a full budget, BudgetResumed when
+	// it reads again.
+	BudgetPaused, BudgetResumed func(BudgetInfo)
+	// ListenerDropped runs when the stall policy (DrainerOptions.DropStalledListener) closed
+	// a listener.
+	ListenerDropped func(ListenerStats)
+	// Connection runs when a generation opened (also by recovery or Reconnect), and at the
+	// end.
+	Connection func(ConnectionEvent)
 }
 
 // PublishInfo describes one publish to BeforePublish and Published.

@@ -8,9 +8,26 @@ import (
 	"time"
 )
 
-// The Observer's publish, confirm, RPC and connection hooks; the others are called where they happen.
+// The Observer's publish, confirm, RPC and connection hooks; the others are called where
+// they happen. Where each hook is called, and so on which goroutine it runs:
+//   - BeforePublish, Published: publishObserved here and PublishBatch (publish.go), on the
+//     publishing goroutine;
+//   - Confirmed: observeConfirm here, and Returned: readgen.go's routeFrames, both on the
+//     reading side as the frame is routed;
+//   - Delivered: inbox.go, as a delivery is queued for its consumer;
+//   - Handled: consumefunc.go, on the ConsumeFunc's goroutine;
+//   - Settled: iocount.go's frameTally, inside the socket write;
+//   - SettleRefused: recoverytags.go's settleTag, on the settling goroutine;
+//   - RPC: observedWait here, around readgen.go's chanCall and connCall;
+//   - BudgetPaused, BudgetResumed, ListenerDropped: watch.go, in drainer mode;
+//   - Connection: readconn.go as a generation opens, observeEnd here at its end.
 
-// confirmClock is when each unconfirmed publish of a channel id (not Channel) was sent, for ConfirmInfo.Latency.
+// confirmClock is when each unconfirmed publish of a channel id (not Channel) was sent, for
+// ConfirmInfo.Latency. Tags are consecutive, so the send times live in one slice indexed from
+// base: sent[head] is tag base's, sent[head+i] tag base+i's. A confirmed entry is zeroed,
+// and the confirmed prefix is dropped as the broker confirms in order; the slice slides down
+// rather than grow while confirms keep up, so a steady stream allocates nothing. mu is taken
+// by the publishing side (sending, unsent) and the reading side (confirmed).
 type confirmClock struct {
 	obs  *Observer
 	mu   sync.Mutex // guards base, sent and head
@@ -19,13 +36,15 @@ type confirmClock struct {
 	head int
 }
 
-// confirmClocks holds the clocks by channel id; a reused id restarts at tag 1 (sending).
+// confirmClocks holds the clocks by channel id, as the confirms arrive by id; a reused id
+// restarts at tag 1, which sending sees and starts afresh.
 type confirmClocks struct {
 	mu sync.Mutex
 	m  map[uint16]*confirmClock
 }
 
-// clock returns id's clock, made on first use.
+// clock returns id's clock, made on first use, under s.mu: publishers on several channels
+// and the reading side (confirms) may ask at once.
 func (s *confirmClocks) clock(obs *Observer, id uint16) *confirmClock {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -48,7 +67,8 @@ func (c *Connection) obsOf() *Observer {
 	return c.rp.base().obs
 }
 
-// clockOf is ch's confirm clock, or nil when nobody asks for latencies (no Confirmed hook).
+// clockOf is ch's confirm clock, or nil when nobody asks for latencies (no Confirmed hook):
+// then publishes note no send times, and cost nothing more.
 func (ch *Channel) clockOf() *confirmClock {
 	if o := ch.connection.obsOf(); o != nil && o.Confirmed != nil {
 		return ch.connection.rp.base().clocks.clock(o, ch.id)
@@ -56,32 +76,41 @@ func (ch *Channel) clockOf() *confirmClock {
 	return nil
 }
 
-// sending records that tag is about to be written; one not following the last (recovery restarts at 1) starts afresh.
+// sending records that tag is about to be written; ch.m is held, so tags come in order. A
+// tag not following the last (a recovery or a reused id restarts at 1) starts afresh.
 func (o *confirmClock) sending(tag uint64) {
 	now := monoNow()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if n := len(o.sent) - o.head; n == 0 || tag != o.base+uint64(n) {
-		o.sent, o.head, o.base = o.sent[:0], 0, tag
+	n := len(o.sent) - o.head
+	if n == 0 || tag != o.base+uint64(n) {
+		o.sent = o.sent[:0]
+		o.head = 0
+		o.base = tag
 	}
 	if len(o.sent) == cap(o.sent) && o.head >= len(o.sent)/2 {
 		// Slide down rather than grow: confirms keep up, mostly.
-		n := copy(o.sent, o.sent[o.head:])
-		o.sent, o.head = o.sent[:n], 0
+		kept := copy(o.sent, o.sent[o.head:])
+		o.sent = o.sent[:kept]
+		o.head = 0
 	}
 	o.sent = append(o.sent, now)
 }
 
-// unsent forgets tag, the last one recorded, whose write failed.
+// unsent forgets tag, the last one recorded, whose write failed: its tag is handed out again
+// (publishFrames' unpublish), and will be recorded again.
 func (o *confirmClock) unsent(tag uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if n := len(o.sent) - o.head; n > 0 && tag == o.base+uint64(n-1) {
+	n := len(o.sent) - o.head
+	if n > 0 && tag == o.base+uint64(n-1) {
 		o.sent = o.sent[:len(o.sent)-1]
 	}
 }
 
-// confirmed reports the ack or nack of tag (and earlier ones if multiple), one Confirmed call per tag, in order.
+// confirmed reports the ack or nack of tag (and earlier ones if multiple), one Confirmed call
+// per tag, in order (the calls run under o.mu). A multiple confirm reports only the timed
+// tags: those sent before the clock started afresh are not known any more.
 func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool) {
 	f := o.obs.Confirmed
 	now := monoNow()
@@ -95,10 +124,11 @@ func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool)
 			return
 		}
 		if tag < o.base {
-			return
+			return // every tag it covers is confirmed already, or was never timed
 		}
-		tag = o.base + uint64(n) - 1
+		tag = o.base + uint64(n) - 1 // covers the whole window: report up to its end
 	}
+	// The tags to report, as indexes into sent: one, or from the oldest waiting up to tag.
 	first, last := o.head, o.head+int(tag-o.base)
 	if !multiple {
 		first = last
@@ -106,20 +136,26 @@ func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool)
 	for i := first; i <= last; i++ {
 		if at := o.sent[i]; at != 0 {
 			o.sent[i] = 0
-			f(ConfirmInfo{Channel: channel, DeliveryTag: o.base + uint64(i-o.head), Ack: ack, Latency: time.Duration(now - at)})
+			f(ConfirmInfo{Channel: channel, DeliveryTag: o.base + uint64(i-o.head), Ack: ack,
+				Latency: time.Duration(now - at)})
 		}
 	}
 	for o.head < len(o.sent) && o.sent[o.head] == 0 { // drop the confirmed prefix
-		o.head, o.base = o.head+1, o.base+1
+		o.head++
+		o.base++
 	}
 	if o.head == len(o.sent) {
-		o.sent, o.head = o.sent[:0], 0
+		o.sent = o.sent[:0]
+		o.head = 0
 	}
 }
 
-// publishObserved is publishFast with the publish hooks; BeforePublish gets a copy of msg.
-func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string, mandatory, immediate bool, msg *Publishing) (dc *DeferredConfirmation, err error) {
-	info := PublishInfo{Channel: ch.id, Exchange: exchange, RoutingKey: key, Mandatory: mandatory, BodySize: len(msg.Body)}
+// publishObserved is publishFast with the publish hooks; BeforePublish gets a copy of msg, so
+// that a hook adding trace headers never changes the application's Publishing.
+func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string,
+	mandatory, immediate bool, msg *Publishing) (dc *DeferredConfirmation, err error) {
+	info := PublishInfo{Channel: ch.id, Exchange: exchange, RoutingKey: key,
+		Mandatory: mandatory, BodySize: len(msg.Body)}
 	clock := ch.clockOf()
 	if o.BeforePublish != nil {
 		// Pooled: msg must flow only to publishFrames or it escapes.
@@ -151,7 +187,8 @@ func (ch *Channel) observeConfirm(tag uint64, multiple, ack bool) {
 	}
 }
 
-// observeEnd reports a generation's end once, however often shutdown runs.
+// observeEnd reports a generation's end once, however often shutdown runs: the genEnd's
+// reported flag, set by compare-and-swap, picks the one call that reports.
 func observeEnd(obs *Observer, mode string, g *genEnd, err *Error) {
 	if obs == nil || obs.Connection == nil || !g.reported.CompareAndSwap(false, true) {
 		return
@@ -163,7 +200,8 @@ func observeEnd(obs *Observer, mode string, g *genEnd, err *Error) {
 	obs.Connection(ev)
 }
 
-// observedWait runs wait, for a reply (one of res) on channel, and reports it to obs.RPC.
+// observedWait runs wait, for a reply (one of res) on channel, and reports it to obs.RPC,
+// timed from the start of the wait: the request was written just before.
 func observedWait(obs *Observer, channel uint16, res []message, wait func() error) error {
 	if obs == nil || obs.RPC == nil {
 		return wait()

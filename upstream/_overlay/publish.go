@@ -13,19 +13,33 @@ import (
 	"time"
 )
 
-// The publish fast path of the drainer and legacy modes: method and header frames are encoded
-// into one pooled buffer before any lock (body frame octets under ch.m), then buffer and body go
-// out in one vectored write (writev on TCP), where upstream makes 29 allocations and copies the body.
-// Bytes, errors and their effect are upstream's (publish_test.go), but a publish that
-// cannot be encoded writes nothing, where upstream writes the frames before the bad one.
+// The publish fast path of the drainer and legacy modes. The method and header frames are
+// encoded into one pooled buffer before any lock, the body frames' headers under ch.m, and
+// buffer and body go out in one vectored write (writev on TCP), where upstream makes 29
+// allocations and copies the body. The bytes, the errors and their effect are upstream's
+// (publish_test.go), except that a publish that cannot be encoded writes nothing, where
+// upstream writes the frames before the bad one.
+//
+// Locks, in the order they are taken: ch.m, for the whole of a publish from its confirmation
+// tag to the end of its write, so that a channel's tags are handed out in the order its
+// publishes reach the socket (the broker confirms by that order); then, with CoalescePublishes,
+// the group commit's writer role (groupcommit.go); then c.sendM, under which the frames go out,
+// so that no other frame lands between a publish's method, header and body frames.
 
 const (
-	publishCopyMax     = 2048     // bodies up to this are copied in: one write, one TLS record (a judgement)
-	publishPoolMax     = 64 << 10 // buffers grown past these are not pooled
+	// publishCopyMax is the largest body copied into the frame buffer: the publish is then one
+	// buffer, one write and, over TLS, one record. Larger bodies are written from the caller's
+	// slice, to save the copy. The figure is a judgement, not a measured optimum.
+	publishCopyMax = 2048
+	// publishPoolMax and publishPoolMaxVecs bound what goes back to the pool: a buffer grown
+	// for one big publish is dropped rather than kept alive by the pool.
+	publishPoolMax     = 64 << 10
 	publishPoolMaxVecs = 256
 )
 
-// publishBuf is one publish's encoding, reused through publishBufs.
+// publishBuf is one publish's encoding, reused through publishBufs. The publishing call owns
+// it from Get to putPublishBuf, after its write returned: even in the group commit the write
+// is done by then (groupcommit.go), so nothing still points into it when it is reused.
 type publishBuf struct {
 	b    []byte      // the encoded frames; bodies up to publishCopyMax too
 	head int         // len(b) after the method and header frames
@@ -33,11 +47,14 @@ type publishBuf struct {
 	wv   net.Buffers // vecs as a vectored write consumes it (writeVecs)
 }
 
+// publishBufs pools the encodings. A new one starts with 512 bytes and 8 buffers, a first
+// guess: it grows as a publish needs, and goes back to the pool at that size.
 var publishBufs = sync.Pool{New: func() any {
 	return &publishBuf{b: make([]byte, 0, 512), vecs: make([][]byte, 0, 8)}
 }}
 
-// putPublishBuf pools pb, first dropping its references to the body.
+// putPublishBuf pools pb, first dropping its references to the body, so that the pool never
+// keeps an application's body alive.
 func putPublishBuf(pb *publishBuf) {
 	for i := range pb.vecs {
 		pb.vecs[i] = nil
@@ -45,26 +62,34 @@ func putPublishBuf(pb *publishBuf) {
 	if cap(pb.b) > publishPoolMax || cap(pb.vecs) > publishPoolMaxVecs {
 		return
 	}
-	pb.b, pb.vecs, pb.wv = pb.b[:0], pb.vecs[:0], nil
+	pb.b = pb.b[:0]
+	pb.vecs = pb.vecs[:0]
+	pb.wv = nil
 	publishBufs.Put(pb)
 }
 
-// publishFast is upstream's PublishWithDeferredConfirm (same checks, same order), encoded as above.
-func (ch *Channel) publishFast(ctx context.Context, exchange, key string, mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
+// publishFast is upstream's PublishWithDeferredConfirm (same checks, same order), encoded as
+// above; with an Observer, its publish hooks run around it (observe_hooks.go).
+func (ch *Channel) publishFast(ctx context.Context, exchange, key string,
+	mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
 	if o := ch.connection.obsOf(); o != nil {
 		return ch.publishObserved(ctx, o, exchange, key, mandatory, immediate, msg)
 	}
 	return ch.publishFrames(exchange, key, mandatory, immediate, msg, nil)
 }
 
-// publishFrames encodes and writes the publish, noting its send time in clock if any.
-func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool, msg *Publishing, clock *confirmClock) (*DeferredConfirmation, error) {
+// publishFrames encodes and writes the publish, noting its send time in clock if any. A
+// publish that was not written gives its confirmation tag back (unpublish), as upstream's
+// does: the broker numbers only the publishes it received, so the next tag must be this one.
+func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool,
+	msg *Publishing, clock *confirmClock) (*DeferredConfirmation, error) {
 	if err := msg.Headers.Validate(); err != nil {
 		return nil, err
 	}
 	pb := publishBufs.Get().(*publishBuf)
 	defer putPublishBuf(pb)
-	// Encoded before any lock; an error is reported after the closed checks.
+	// Encoded before any lock, so other publishes of the channel do not wait for it; an
+	// encoding error is reported after the closed checks, where upstream's send reports it.
 	encErr := pb.encodeHead(ch.id, exchange, key, mandatory, immediate, msg)
 	ch.m.Lock()
 	defer ch.m.Unlock()
@@ -81,7 +106,9 @@ func (ch *Channel) publishFrames(exchange, key string, mandatory, immediate bool
 	return dc, nil
 }
 
-// nextConfirm takes the next publish's confirmation, nil outside confirm mode; ch.m is held.
+// nextConfirm takes the next publish's confirmation, nil outside confirm mode; ch.m is held,
+// so the tag it takes is the one the broker gives the publish written next on ch. Its pump
+// (confirmPump) lets a waiter on the confirmation read in legacy mode.
 func (ch *Channel) nextConfirm(clock *confirmClock) *DeferredConfirmation {
 	if !ch.confirming.Load() {
 		return nil
@@ -94,7 +121,9 @@ func (ch *Channel) nextConfirm(clock *confirmClock) *DeferredConfirmation {
 	return dc
 }
 
-// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held.
+// sendPublish is upstream's send and sendOpen for a basic.publish; ch.m is held. The body
+// frames are cut here, under ch.m, because the frame size is read under it as sendOpen
+// reads it (Config.FrameSize, set by the handshake).
 func (ch *Channel) sendPublish(pb *publishBuf, encErr error, body []byte) error {
 	if err := ch.publishRefused(); err != nil {
 		return err
@@ -113,17 +142,21 @@ func (ch *Channel) publishRefused() error {
 	if ch.IsClosed() || c.IsClosed() {
 		return ErrClosed // a closed channel sends only channel.close-ok
 	}
-	// After Close the broker drops what follows connection.close: leave it Close's (consumeloop.go).
+	// Once Close began, the broker discards whatever follows its connection.close, so a
+	// publish written now would be lost without an error: refuse it, as Close's waiters are.
 	if c.rp != nil && isClosing(c.rp.base().calledC) {
 		return ErrClosedIntentionally
 	}
 	return ch.midRecovery() // no publish inside recovery's handshake (recoverytags.go)
 }
 
-// publishWritten ends a write as upstream's send: an error fails the connection, else heartbeats wait.
+// publishWritten ends a write as upstream's send does: a failed write fails the connection
+// (part of a frame may be on the wire, so nothing more can follow it); a written one tells
+// upstream's heartbeater, through c.sends, that it need not send a heartbeat yet.
 func (c *Connection) publishWritten(err error) error {
 	if err != nil {
-		go c.shutdown(&Error{Code: FrameError, Reason: err.Error()}) // go: shutdown may re-enter via notify chans
+		// On its own goroutine: shutdown may re-enter through the notify chans.
+		go c.shutdown(&Error{Code: FrameError, Reason: err.Error()})
 		return err
 	}
 	select {
@@ -133,7 +166,9 @@ func (c *Connection) publishWritten(err error) error {
 	return nil
 }
 
-// bodyFrameSize is upstream's body frame size for n bytes, positive unless n is 0 (negotiateFrameSize).
+// bodyFrameSize is upstream's body frame size for a body of n bytes: the negotiated frame size
+// less a frame's header and end (negotiateFrameSize), or the whole body in one frame when no
+// size was negotiated. Positive unless n is 0.
 func (c *Connection) bodyFrameSize(n int) int {
 	if size := c.Config.FrameSize - frameHeaderSize; c.Config.FrameSize > 0 && size > 0 {
 		return size
@@ -141,10 +176,11 @@ func (c *Connection) bodyFrameSize(n int) int {
 	return n
 }
 
-// writePublishVecs writes n publishes' frames (writeVecs): grouped if coalescing, else under c.sendM.
+// writePublishVecs writes n publishes' frames (writeVecs): through the group commit if
+// coalescing, else at once under c.sendM. The caller holds ch.m.
 func (c *Connection) writePublishVecs(vecs net.Buffers, wv *net.Buffers, maxVecs, n int) error {
 	if c.rp != nil && c.rp.base().coalesce {
-		return c.writeGrouped(vecs, wv, maxVecs, n, nil)
+		return c.writeGroupedVecs(vecs, wv, maxVecs, n)
 	}
 	c.sendM.Lock()
 	defer c.sendM.Unlock()
@@ -152,13 +188,17 @@ func (c *Connection) writePublishVecs(vecs net.Buffers, wv *net.Buffers, maxVecs
 }
 
 // publishOut is a generation's socket writer, set (with c.writer) and read under c.sendM.
+// writeVecs writes to out only while buf is still c.writer's buffer: the two are set together
+// when a generation starts, so a mismatch means c.writer belongs to another writer.
 type publishOut struct {
 	buf *bufio.Writer // the c.writer.w in front of out
 	out *socketWriter
 }
 
-// writeVecs writes vecs after upstream's buffered frames, maxVecs buffers a vectored write through
-// *wv (the caller's: no allocation), which the write consumes; the caller holds c.sendM.
+// writeVecs writes vecs after upstream's buffered frames, maxVecs buffers a vectored write,
+// through *wv (the caller's, so no allocation), which the write consumes; the caller holds
+// c.sendM. Upstream's frames go first because they were sent first: its sendUnflushed leaves
+// frames in the bufio.Writer for a later flush.
 func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) error {
 	buf, _ := c.writer.w.(*bufio.Writer)
 	if buf != nil {
@@ -168,7 +208,8 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 		}
 	}
 	if c.rp == nil || buf == nil || c.rp.base().pub.buf != buf || c.rp.base().pub.out == nil {
-		// Another writer (a test's, or a generation being replaced): through c.writer, as upstream.
+		// Another writer (a test's, or a generation being replaced): the generation's socket
+		// writer is not c.writer's, so write through c.writer, as upstream does.
 		for _, v := range vecs {
 			if _, err := c.writer.w.Write(v); err != nil {
 				return err
@@ -179,6 +220,8 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 		}
 		return nil
 	}
+	// The generation's socket writer: one writev per maxVecs buffers, each share handed to
+	// the write in *wv, which the write consumes.
 	for len(vecs) > 0 {
 		n := min(len(vecs), maxVecs)
 		*wv = vecs[:n:n]
@@ -190,8 +233,13 @@ func (c *Connection) writeVecs(vecs net.Buffers, wv *net.Buffers, maxVecs int) e
 	return nil
 }
 
-// encodeHead encodes the basic.publish and content header frames as methodFrame/headerFrame.write.
-func (pb *publishBuf) encodeHead(channel uint16, exchange, key string, mandatory, immediate bool, msg *Publishing) (err error) {
+// encodeHead encodes the basic.publish and content header frames into pb.b, byte for byte as
+// methodFrame.write and headerFrame.write do; on an error pb.b is left empty. The method frame
+// is class 60, method 40, a reserved short, exchange and routing key as shortstrs, and one
+// octet of bits (mandatory 1, immediate 2). The header frame is class 60, a zero weight, the
+// body size as 64 bits, then the property flags and properties (appendProperties).
+func (pb *publishBuf) encodeHead(channel uint16, exchange, key string,
+	mandatory, immediate bool, msg *Publishing) (err error) {
 	b := appendFrameStart(pb.b[:0], frameMethod, channel)
 	b = append(b, 0, 60, 0, 40, 0, 0) // class basic, method publish, reserved1
 	if b, err = appendShortstr(b, exchange); err == nil {
@@ -209,14 +257,19 @@ func (pb *publishBuf) encodeHead(channel uint16, exchange, key string, mandatory
 	if err != nil {
 		b = b[:0]
 	}
-	pb.b, pb.head = b, len(b)
+	pb.b = b
+	pb.head = len(b)
 	return err
 }
 
-// encodeBody appends the body frames, cut as sendOpen cuts them, and sets pb.vecs.
+// encodeBody appends the body frames, cut every size bytes as sendOpen cuts them, and sets
+// pb.vecs to what goes to the socket: a small body (publishCopyMax) is copied into pb.b, a
+// larger one is referenced between the frame headers and ends that pb.b holds.
 func (pb *publishBuf) encodeBody(channel uint16, body []byte, size int) {
 	b := pb.b[:pb.head]
 	copyBody := len(body) <= publishCopyMax
+	// Each body frame adds its header and frame-end (frameHeaderSize), and a copied body
+	// adds itself.
 	need := 0
 	if len(body) > 0 {
 		need = ((len(body)-1)/size + 1) * frameHeaderSize
@@ -224,9 +277,14 @@ func (pb *publishBuf) encodeBody(channel uint16, body []byte, size int) {
 	if copyBody {
 		need += len(body)
 	}
-	if cap(b)-len(b) < need { // grow once: the slices of b taken below stay valid
+	// Grow once, to what the frames need: at most one allocation per publish, however many
+	// body frames it has.
+	if cap(b)-len(b) < need {
 		b = append(make([]byte, 0, len(b)+need), b...)
 	}
+	// A referenced body alternates in vecs with the parts of b around it: b up to and
+	// including a frame's header, the body's slice, then (next round) its frame-end and the
+	// next header. A copied body leaves b whole, one buffer.
 	vecs := pb.vecs[:0]
 	from := 0 // start of b not yet in vecs
 	for i := 0; i < len(body); i += size {
@@ -244,10 +302,12 @@ func (pb *publishBuf) encodeBody(channel uint16, body []byte, size int) {
 		}
 		b = append(b, frameEnd)
 	}
-	pb.b, pb.vecs = b, append(vecs, b[from:])
+	pb.b = b
+	pb.vecs = append(vecs, b[from:])
 }
 
-// appendFrameStart appends a frame header whose size appendFrameEnd sets.
+// appendFrameStart appends a frame header (type, channel, a size of 0 for now) whose size
+// appendFrameEnd sets once the payload is known.
 func appendFrameStart(b []byte, typ uint8, channel uint16) []byte {
 	return append(b, typ, byte(channel>>8), byte(channel), 0, 0, 0, 0)
 }
@@ -258,7 +318,10 @@ func appendFrameEnd(b []byte, start int) []byte {
 	return append(b, frameEnd)
 }
 
-// appendProperties is headerFrame.write's flags and properties, with its errors.
+// appendProperties is headerFrame.write's flags and properties, with its errors. The flags
+// are a 16-bit mask written first and set last; each property present sets its bit and is
+// appended in the spec's order, the order of the calls below, which the broker decodes by.
+// An empty string or a zero value is absent, as upstream has it.
 func appendProperties(b []byte, p *Publishing) ([]byte, error) {
 	w := propWriter{b: append(b, 0, 0)} // the flags, set at the end
 	w.str(flagContentType, p.ContentType)
@@ -286,7 +349,8 @@ func appendProperties(b []byte, p *Publishing) ([]byte, error) {
 	return w.b, w.err
 }
 
-// propWriter is appendProperties' output, flags and first error.
+// propWriter is appendProperties' output, flags and first error: once a property failed to
+// encode, the rest only set their flags, and the error is reported at the end.
 type propWriter struct {
 	b    []byte
 	mask uint16
@@ -314,7 +378,9 @@ func flagIf(set bool, flag uint16) uint16 {
 	return 0
 }
 
-// appendShortstr is writeShortstr, with its error.
+// appendShortstr is writeShortstr, with its error: a shortstr's length is one octet, so a
+// longer string cannot be encoded. A single publish then fails the connection, as upstream's
+// does; PublishBatch fails only the call.
 func appendShortstr(b []byte, s string) ([]byte, error) {
 	if len(s) > 255 {
 		return b, fmt.Errorf("amqp: shortstr %q exceeds 255 bytes", s)
@@ -323,7 +389,9 @@ func appendShortstr(b []byte, s string) ([]byte, error) {
 	return append(b, s...), nil
 }
 
-// appendTable is writeTable, in the map's order, with its errors.
+// appendTable is writeTable, in the map's order, with its errors: a 32-bit size, then each
+// key as a shortstr and each value as a field (appendField). Like upstream's, the order of
+// the keys on the wire is the map's iteration order, which Go varies.
 func appendTable(b []byte, table Table) (_ []byte, err error) {
 	start := len(b)
 	b = append(b, 0, 0, 0, 0)
@@ -339,7 +407,8 @@ func appendTable(b []byte, table Table) (_ []byte, err error) {
 	return b, nil
 }
 
-// appendField is writeField: same tags, truncations (int to 32 bits) and errors.
+// appendField is writeField: same tags, truncations (int to 32 bits) and errors. A value of
+// a type AMQP has no field for is ErrFieldType; Headers.Validate refused it before already.
 func appendField(b []byte, value any) (_ []byte, err error) {
 	switch v := value.(type) {
 	case bool:
@@ -391,15 +460,19 @@ func appendField(b []byte, value any) (_ []byte, err error) {
 	return b, nil
 }
 
-// publishCtx and publishDeferredCtx are the hooks in PublishWithContext and
-// PublishWithDeferredConfirmWithContext, after their ctx check. With a read path a
-// publish waits at the block gate (blockgate.go), then takes the fast path.
-func (ch *Channel) publishCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) error {
+// publishCtx is the hook in PublishWithContext, after its ctx check: publishDeferredCtx
+// without the confirmation.
+func (ch *Channel) publishCtx(ctx context.Context, exchange, key string,
+	mandatory, immediate bool, msg Publishing) error {
 	_, err := ch.publishDeferredCtx(ctx, exchange, key, mandatory, immediate, msg)
 	return err
 }
 
-func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string, mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
+// publishDeferredCtx is the hook in PublishWithDeferredConfirmWithContext, after its ctx
+// check. Upstream mode publishes as upstream; with a read path a publish first waits at the
+// block gate (blockgate.go), where its ctx can end it, then takes the fast path.
+func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string,
+	mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
 	if ch.connection.rp == nil {
 		return ch.PublishWithDeferredConfirm(exchange, key, mandatory, immediate, msg)
 	}
@@ -430,8 +503,11 @@ type BatchPublishing struct {
 // confirmations, as part of the batch may have gone out: each resolves as the connection ends,
 // acked if the broker acked it first, else nacked, as upstream resolves every outstanding one.
 //
-//	dcs, err := ch.PublishBatch(ctx, []amqp.BatchPublishing{{Key: "jobs", Msg: amqp.Publishing{Body: b}}})
-func (ch *Channel) PublishBatch(ctx context.Context, batch []BatchPublishing) ([]*DeferredConfirmation, error) {
+//	batch := []amqp.BatchPublishing{{Key: "jobs", Msg: amqp.Publishing{Body: b}}}
+//	dcs, err := ch.PublishBatch(ctx, batch)
+func (ch *Channel) PublishBatch(ctx context.Context,
+	batch []BatchPublishing) ([]*DeferredConfirmation, error) {
+	// An empty batch is a no-op, and an ended ctx sends nothing, as PublishWithContext's.
 	if len(batch) == 0 {
 		return nil, nil
 	}
@@ -447,11 +523,16 @@ func (ch *Channel) PublishBatch(ctx context.Context, batch []BatchPublishing) ([
 	if o == nil { // upstream mode, or no Observer
 		return ch.publishBatch(batch, nil)
 	}
-	infos, ctxs := make([]PublishInfo, len(batch)), make([]context.Context, len(batch))
+	// With an Observer: BeforePublish sees each message (a copy it may change) first, then
+	// the batch is written, then Published reports each with its tag and the batch's error.
+	infos := make([]PublishInfo, len(batch))
+	ctxs := make([]context.Context, len(batch))
 	batch = append([]BatchPublishing(nil), batch...) // the copies that BeforePublish may change
 	for i := range batch {
 		p := &batch[i]
-		infos[i], ctxs[i] = PublishInfo{Channel: ch.id, Exchange: p.Exchange, RoutingKey: p.Key, Mandatory: p.Mandatory, BodySize: len(p.Msg.Body)}, ctx
+		infos[i] = PublishInfo{Channel: ch.id, Exchange: p.Exchange, RoutingKey: p.Key,
+			Mandatory: p.Mandatory, BodySize: len(p.Msg.Body)}
+		ctxs[i] = ctx
 		if o.BeforePublish != nil {
 			ctxs[i] = o.BeforePublish(ctx, infos[i], &p.Msg)
 		}
@@ -466,8 +547,11 @@ func (ch *Channel) PublishBatch(ctx context.Context, batch []BatchPublishing) ([
 	return dcs, err
 }
 
-// publishBatch is PublishBatch after the gate and the Observer, noting send times in clock if any.
-func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([]*DeferredConfirmation, error) {
+// publishBatch is PublishBatch after the gate and the Observer, noting send times in clock if
+// any. Every message is encoded before ch.m, so a bad one fails the call with nothing sent;
+// under ch.m the tags are handed out and the write made, as for a single publish.
+func (ch *Channel) publishBatch(batch []BatchPublishing,
+	clock *confirmClock) ([]*DeferredConfirmation, error) {
 	pbs := make([]*publishBuf, 0, len(batch))
 	defer func() {
 		for _, pb := range pbs {
@@ -475,7 +559,8 @@ func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([
 		}
 	}()
 	for i := range batch {
-		p, pb := &batch[i], publishBufs.Get().(*publishBuf)
+		p := &batch[i]
+		pb := publishBufs.Get().(*publishBuf)
 		pbs = append(pbs, pb)
 		err := p.Msg.Headers.Validate()
 		if err == nil {
@@ -497,6 +582,8 @@ func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([
 		pb.encodeBody(ch.id, body, c.bodyFrameSize(len(body)))
 		vecs = append(vecs, pb.vecs...)
 	}
+	// The tags are taken before the write, under the ch.m that the write holds too, as a
+	// single publish takes its own: in order, with no other publish of ch in between.
 	var dcs []*DeferredConfirmation
 	if ch.confirming.Load() {
 		dcs = make([]*DeferredConfirmation, len(batch))
@@ -505,8 +592,10 @@ func (ch *Channel) publishBatch(batch []BatchPublishing, clock *confirmClock) ([
 		}
 	}
 	var wv net.Buffers
-	if err := c.publishWritten(c.writePublishVecs(vecs, &wv, groupMaxVecs, len(batch))); err != nil {
-		return dcs, fmt.Errorf("amqp: PublishBatch: the write of %d messages failed, some may have gone out: %w", len(batch), err)
+	err := c.publishWritten(c.writePublishVecs(vecs, &wv, groupMaxVecs, len(batch)))
+	if err != nil {
+		return dcs, fmt.Errorf("amqp: PublishBatch: the write of %d messages failed, "+
+			"some may have gone out: %w", len(batch), err)
 	}
 	return dcs, nil
 }
