@@ -283,8 +283,7 @@ func (l *legacyConn) fill(g *readGen, deadline time.Time, ctx context.Context) (
 		runtime.Gosched()
 		return 0, errCutShort
 	}
-	far := deadline.IsZero() || time.Until(deadline) > cancelHookDelay
-	if ctx.Done() != nil && !rs.hookFirst && far {
+	if ctx.Done() != nil && !rs.hookFirst && beyondHookDelay(deadline) {
 		l.setReadDeadline(ctx, rs.nc, time.Now().Add(cancelHookDelay))
 		n, err := rs.split.fill(g.conn)
 		if n > 0 || !errors.Is(err, errDeadline) || l.cutFor(ctx) {
@@ -315,6 +314,11 @@ func (l *legacyConn) hookedFill(ctx context.Context, g *readGen, deadline time.T
 		rs.hookFirst = false // frames come fast again
 	}
 	return n, err
+}
+
+// beyondHookDelay reports whether deadline leaves room for a first try without the hook.
+func beyondHookDelay(deadline time.Time) bool {
+	return deadline.IsZero() || time.Until(deadline) > cancelHookDelay
 }
 
 // cancelHookDelay is the longest a blocked read misses a cancellation: 10 ms, as the drainer's

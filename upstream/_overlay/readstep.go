@@ -15,8 +15,9 @@ import (
 // The read step: the one place where a generation's socket is read, in both modes.
 //
 // Whoever holds the generation's read turn (readturn.go) reads by calling readStep: the
-// drainer's goroutine or AutoDrain's, a ConsumeFunc they lent the turn to, or in plain
-// legacy mode the caller of an RPC, DrainEvents or DeferredConfirmation.Wait. A step:
+// drainer's goroutine or AutoDrain's, a ConsumeFunc they lent the turn to, or in legacy
+// mode a caller that took the turn (an RPC's or a confirmation's wait, DrainEvents, a
+// ConsumeFunc). A step:
 //
 //  1. picks the read's deadline: the broker's death or the next heartbeat duty
 //     (heartbeatClock), capped by the reader's own limits (stepLimits);

@@ -49,10 +49,10 @@ func (t *readTurn) busy() bool { return len(t.slot) > 0 }
 
 // Leader/follower reading (#29). A ConsumeFunc with nothing queued may read the socket
 // itself as the holder would (readStep), running its own deliveries with no goroutine hop,
-// while the holder parks. The holder lends its turn after reads that brought bytes; it
-// takes it back when a lessee's read found the socket quiet for leaseQuiet, the budget is
-// over or the generation ends; when no lessee read ended for leaseCheck and none is under
-// way (a handler runs long); and at once for a caller waiting for a reply or a confirm
+// while the holder parks. The holder lends its turn between two steps. It takes it back
+// when a lessee's read found the socket quiet for leaseQuiet, the budget is over or the
+// generation ends; when no lessee read ended for leaseCheck and none is under way (a
+// handler runs long); and at once for a caller waiting for a reply or a confirm
 // (reclaim), since no lessee may be reading.
 //
 // Both are 10 ms, not 1: the runtime wakes every T for a timer due within T, even one
@@ -76,10 +76,12 @@ const (
 //     into slot again: it holds the turn. A lessee may win that send first; the holder
 //     then waits for the slot, which the lessee empties at the end of its step.
 //
-// What breaks without each part: without back, a quiet socket would leave the holder
-// parked while nobody reads, and heartbeats would stop; without the timer, a handler that
-// runs for minutes would do the same; without reclaim, an RPC caller in the drainer would
-// wait for a lessee that is itself waiting on the caller's channel.
+// What each part is for: back lets the holder read again as soon as the socket goes
+// quiet, not one timer later; the timer takes the turn back when the lessee stops reading
+// without a word (its handler runs for minutes), or the socket would go unread, with no
+// heartbeats and no replies; reclaim does the same at once for a caller about to wait for
+// a reply or a confirm (often the lessee itself, calling Cancel from its handler), which
+// would otherwise wait for the timer.
 type lease struct {
 	back    chan struct{} // cap 1: a lessee (or reclaim) wakes the parked holder
 	wanted  atomic.Bool   // a ConsumeFunc waits with the turn as one of its select's cases
@@ -88,8 +90,8 @@ type lease struct {
 	timer   *time.Timer   // the holder's, running in lend: fires leaseCheck after readEnd
 	timerAt atomic.Int64  // monoNow when the timer is due (arm)
 	// A lessee's read that ended the generation leaves why here, for the holder to fail
-	// with once it takes the turn back (the lessee must not run the teardown itself:
-	// it may hold the consumer's locks). Written and read only by the turn's holder.
+	// with once it takes the turn back, so that the holder's loop stays the one exit into
+	// fail, as upstream's reader is. Written and read only by whoever holds the turn.
 	stopped bool
 	stopErr *Error
 }
