@@ -459,14 +459,21 @@ func (c *Cluster) Leader(ctx context.Context, queue string) (Node, error) {
 	return "", fmt.Errorf("cluster: leader of %q: %w", queue, errors.Join(errs...))
 }
 
+// cliBound bounds one rabbitmqctl call. Each call boots an Erlang VM, a few
+// seconds of CPU; WaitRunning starts two per node every round. A bound
+// those boots miss on a busy machine kills them and boots them again a
+// second later, which keeps the machine busy: 45 s lets a slow round
+// finish, and a whole wait stays bounded by its ctx.
+const cliBound = 45 * time.Second
+
 // Running reports whether the RabbitMQ application runs on n. It is false
 // when the VM is down, the app is stopped, or the node does not answer
-// within ctx (or 15 s).
+// within ctx (or cliBound).
 func (c *Cluster) Running(ctx context.Context, n Node) bool {
 	if _, err := c.beamPID(n); err != nil {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, cliBound)
 	defer cancel()
 	out, err := c.Ctl(ctx, n, "eval", "rabbit:is_running().")
 	return err == nil && strings.TrimSpace(out) == "true"
@@ -529,7 +536,7 @@ func (c *Cluster) viewFrom(ctx context.Context, n Node) view {
 		v.err = err
 		return v
 	}
-	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, 2*cliBound) // Running, then cluster_status
 	defer cancel()
 	v.self = c.Running(cctx, n)
 	out, err := c.Ctl(cctx, n, "cluster_status", "--formatter", "json")
