@@ -528,7 +528,7 @@ type view struct {
 	err        error
 }
 
-// viewFrom asks n (within 15 s) whether its app runs and what it sees. A
+// viewFrom asks n (within 2 cliBound) whether its app runs and what it sees. A
 // node whose VM is down has no view: err says why.
 func (c *Cluster) viewFrom(ctx context.Context, n Node) view {
 	v := view{from: n}
