@@ -4,9 +4,10 @@ package amqp091
 
 // autoDrain is AutoDrain's goroutine for g: a holder of g's read turn, as the drainer's
 // goroutine is (holdTurn), so that a program that never calls DrainEvents still gets its
-// deliveries, confirms and heartbeats. It reads only when no caller does: legacy callers
-// still compete for the turn (awaitReply, DrainEvents wait for AutoDrain's reads instead,
-// as they wait for the drainer's), it lends the turn to a waiting ConsumeFunc, and every
+// deliveries, confirms and heartbeats. It keeps the turn and reads; a reply waiter still
+// competes for the turn, but wins it only when it is free (between a lend's two halves,
+// or once AutoDrain ended), and otherwise gets its reply from AutoDrain's reads, as
+// DrainEvents waits for them. It lends the turn to a waiting ConsumeFunc, and every
 // write cuts its read short (transportGuard). What differs from the drainer is only what
 // a routed frame does: legacy dispatches it inline.
 //

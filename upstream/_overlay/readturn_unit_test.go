@@ -8,7 +8,11 @@ import (
 	"time"
 )
 
-// The read turn's lending protocol (readturn.go), in a synctest bubble: the holder parks
+// The read turn's lending protocol (readturn.go), in a synctest bubble. Each time.Sleep
+// below is part of a scenario, not a wait for another goroutine: on the bubble's fake
+// clock it is a lessee that holds the turn for that long (a handler running), and the
+// test asserts the exact time at which the holder took the turn back. The goroutines
+// synchronise through the turn's chans and synctest.Wait. The holder parks
 // in lend, a lessee takes the turn through offer's slot, and the holder takes it back
 // when the lessee gives it back, when its timer finds no lessee read for leaseCheck, or
 // never, once the generation ended.
@@ -38,8 +42,8 @@ func TestUnitReadTurnGivenBack(t *testing.T) {
 		dead := make(chan struct{})
 		slot := turn.offer()
 		out := startLending(&turn, dead)
-		slot <- struct{}{} // the lessee has the turn once the holder let it go
-		time.Sleep(3 * time.Millisecond)
+		slot <- struct{}{}               // the lessee has the turn once the holder let it go
+		time.Sleep(3 * time.Millisecond) // the lessee reads for 3 ms, before the 10 ms timer
 		turn.readEnded()
 		turn.release()
 		turn.giveBack()
