@@ -27,7 +27,7 @@ soak: vendor
 cluster:
 	@scripts/cluster-tests full
 
-## bench: the headline scenarios, pristine against the patched build in legacy and drainer modes, 3 reps (5-6 minutes);
+## bench: the headline scenarios, pristine against the patched build in legacy and drainer modes (go-floor in the drain), 3 reps (6 minutes);
 ## report in .cache/bench/quick/BENCHMARKS.md. FULL=1: the whole suite, as bench-full (the runner's -plan quick or full)
 bench: vendor
 	scripts/bench -plan $(if $(FULL),full,quick)

@@ -3,6 +3,7 @@ package scenario
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // Variants are the four builds-and-modes every scenario compares, in the
@@ -77,6 +78,48 @@ type Target struct {
 	// Cases, when set, are the only cases the target judges: an issue's
 	// goal may differ by payload size.
 	Cases []string
+	// Variants are the variants whose figures Check needs (a ratio's two
+	// sides). A run whose plan left one out cannot judge the target, which
+	// is then neither met nor missed (Judge); nil for a target that judges
+	// whichever variants ran.
+	Variants []string
+}
+
+// A Verdict is what Judge makes of a target in one case of one run.
+type Verdict int
+
+const (
+	// Met: the figures are within the target.
+	Met Verdict = iota
+	// NotMet: the variants the target needs were all in the plan, and the
+	// figures miss it, or a variant ran and produced none (every
+	// repetition failed): a regression or a broken measurement.
+	NotMet
+	// NotInPlan: the plan did not run a variant the target needs (make
+	// bench's quick plan runs no c-client, -variants may leave out any),
+	// so the run says nothing about it either way.
+	NotInPlan
+)
+
+// Judge checks t against a, the case's aggregate, where planned are the
+// variants the run's plan gave the case. Only a variant absent from the
+// plan makes the target NotInPlan: one that was planned but has no figure
+// failed, and a failure is NotMet.
+func (t Target) Judge(a Agg, planned []string) (measured string, v Verdict) {
+	var missing []string
+	for _, name := range t.Variants {
+		if !slices.Contains(planned, name) {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) > 0 {
+		return strings.Join(missing, " and ") + " not run", NotInPlan
+	}
+	measured, ok := t.Check(a)
+	if !ok {
+		return measured, NotMet
+	}
+	return measured, Met
 }
 
 // AppliesTo reports whether t judges the case named c.

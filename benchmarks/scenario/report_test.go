@@ -1,6 +1,8 @@
 package scenario
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -55,6 +57,65 @@ func TestTargets(t *testing.T) {
 	}
 	if got, ok := AtMost("", "upstream", "p99", 5, "ms").Check(a); ok || got != "not measured" {
 		t.Errorf("unmeasured target = %q, %v", got, ok)
+	}
+}
+
+// A target needing a variant that the plan did not run is not judged; one
+// whose variant was planned and produced no figure has failed.
+func TestJudge(t *testing.T) {
+	cpu := Ratio{Metric: "cpu_s_per_100k", Num: "drainer", Den: GoFloor}
+	target := besideCClient("cpu_s_per_100k", atMostRatio("", cpu, 1.25))
+	if fmt.Sprint(target.Variants) != "[drainer go-floor]" {
+		t.Errorf("a ratio's target needs %v, want its two sides", target.Variants)
+	}
+	drainerOnly := Agg{"drainer": {"cpu_s_per_100k": {Median: 1.1}}}
+	if got, v := target.Judge(drainerOnly, []string{"pristine", "drainer"}); v != NotInPlan || got != "go-floor not run" {
+		t.Errorf("go-floor not in the plan: %q, %v; want not in this plan", got, v)
+	}
+	if got, v := target.Judge(drainerOnly, []string{"drainer", GoFloor}); v != NotMet || got != "not measured" {
+		t.Errorf("go-floor planned, every repetition failed: %q, %v; want not met", got, v)
+	}
+	withFloor := Agg{"drainer": {"cpu_s_per_100k": {Median: 1.1}}, GoFloor: {"cpu_s_per_100k": {Median: 1.0}}}
+	if got, v := target.Judge(withFloor, []string{"drainer", GoFloor}); v != Met || got != "1.10×" {
+		t.Errorf("1.1× go-floor's, at most 1.25×: %q, %v; want met", got, v)
+	}
+	withFloor["drainer"]["cpu_s_per_100k"] = Stat{Median: 1.3}
+	if got, v := target.Judge(withFloor, []string{"drainer", GoFloor}); v != NotMet || got != "1.30×" {
+		t.Errorf("1.3× go-floor's, at most 1.25×: %q, %v; want not met", got, v)
+	}
+	// The C client is shown beside, never judged, and never needed.
+	withFloor[CClient] = map[string]Stat{"cpu_s_per_100k": {Median: 0.5}}
+	got, v := target.Judge(withFloor, []string{"drainer", GoFloor, CClient})
+	if v != NotMet || got != "1.30× (c-client 0.50×, the reference to beat)" {
+		t.Errorf("with the C client: %q, %v", got, v)
+	}
+	// A target over whichever variants ran needs none of them.
+	if _, v := maxEverywhere("", "lost", 0).Judge(Agg{"drainer": {"lost": {}}}, []string{"drainer"}); v != Met {
+		t.Errorf("maxEverywhere: %v, want met", v)
+	}
+}
+
+// The drain judges issue #18's goals as ratios to go-floor: every target
+// needs go-floor, none the C client, and none is an absolute figure.
+func TestDrainTargetsAreRatiosToGoFloor(t *testing.T) {
+	s, err := Lookup("drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range s.Cases {
+		n := 0
+		for _, target := range s.Report.Targets {
+			if !target.AppliesTo(c) {
+				continue
+			}
+			n++
+			if !slices.Contains(target.Variants, GoFloor) || slices.Contains(target.Variants, CClient) {
+				t.Errorf("%s: %q needs %v, want go-floor and not c-client", c, target.Text, target.Variants)
+			}
+		}
+		if n < 3 {
+			t.Errorf("%s: %d targets, want CPU, syscalls and msg/s at least", c, n)
+		}
 	}
 }
 

@@ -64,20 +64,36 @@ func init() {
 				{Label: "pristine P99 / drainer P99", Metric: "roundtrip.p99_ms", Num: "pristine", Den: "drainer"},
 				{Label: "pristine / drainer CPU-s per 100k", Metric: "cpu_s_per_100k", Num: "pristine", Den: "drainer"},
 			},
-			Targets: []Target{
-				AtMost("drainer CPU-s per 100k messages at most 2.5", "drainer", "cpu_s_per_100k", 2.5, "CPU-s").
-					ForCases("size=4096"),
-				AtLeastRatio("drainer msg/s at least 1.4× pristine upstream's",
-					Ratio{Metric: "msg_s", Num: "drainer", Den: "pristine"}, 1.4).ForCases("size=4096"),
-				AtLeastRatio("drainer P99 no worse than pristine upstream's (pristine P99 / drainer P99 ≥ 1.0)",
-					Ratio{Metric: "roundtrip.p99_ms", Num: "pristine", Den: "drainer"}, 1.0).ForCases("size=4096"),
-			},
-			Reference: "No measured reference: these are issue #18's goals for the drainer at 4 KiB, at most " +
-				"2.5 CPU-s per 100,000 messages published and delivered, 1.4× pristine upstream's rate, and " +
-				"a P99 no worse than pristine's.",
+			Targets: roundtripTargets(),
+			Reference: "No measured reference: go-floor and the C client only drain. These are issue #18's " +
+				"goals for the drainer at 4 KiB: 1.4× pristine upstream's rate and a P99 no worse than " +
+				"pristine's; and its CPU goal, at most 2.5 CPU-s per 100,000 messages published and " +
+				"delivered, which issue #29 restated as at most 0.75× pristine's CPU in the same run " +
+				"(3.59 against 4.84, 0.74×, when it was set), since an absolute figure moves with the " +
+				"machine's load.",
 			Charts: []string{"roundtrip"},
 		},
 	})
+}
+
+// roundtripTargets are issue #18's goals for the drainer at 4 KiB, judged
+// against pristine in the same run: go-floor and the C client only drain,
+// so the round trip has no floor to divide by. Issue #18's absolute 2.5
+// CPU-s per 100k judged the machine's load as much as the client; issue
+// #29 restated it as at most 0.75× pristine's (0.74× when it was set). The
+// rate stays a multiple of pristine's too: with no floor to hold it to,
+// and clients' costs that tell here (drainer 1.55× pristine's in the full
+// run of 2026-12-04), it is not one of the drain's rows that the broker
+// bounds.
+func roundtripTargets() []Target {
+	return []Target{
+		atMostRatio("drainer CPU-s per 100k at most 0.75× pristine upstream's (#29; #18's 2.5 CPU-s)",
+			Ratio{Metric: "cpu_s_per_100k", Num: "drainer", Den: "pristine"}, 0.75).ForCases("size=4096"),
+		AtLeastRatio("drainer msg/s at least 1.4× pristine upstream's",
+			Ratio{Metric: "msg_s", Num: "drainer", Den: "pristine"}, 1.4).ForCases("size=4096"),
+		AtLeastRatio("drainer P99 no worse than pristine upstream's (pristine P99 / drainer P99 ≥ 1.0)",
+			Ratio{Metric: "roundtrip.p99_ms", Num: "pristine", Den: "drainer"}, 1.0).ForCases("size=4096"),
+	}
 }
 
 const (

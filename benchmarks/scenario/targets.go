@@ -32,7 +32,7 @@ func minEverywhere(text, metric string, limit float64) Target {
 // measured text lists each variant's worst value, so that a failure names
 // the variant at fault. Only the variants in judged (nil: all) can fail it.
 func everyVariant(text, metric string, judged []string, judge func(Stat) (worst float64, ok bool)) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
+	return Target{Text: text, Variants: judged, Check: func(a Agg) (string, bool) {
 		var parts []string
 		all := true
 		for _, v := range Variants {
@@ -56,7 +56,7 @@ func everyVariant(text, metric string, judged []string, judge func(Stat) (worst 
 // AtMost is a Target that the median of metric in variant is at most
 // limit.
 func AtMost(text, variant, metric string, limit float64, unit string) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
+	return Target{Text: text, Variants: []string{variant}, Check: func(a Agg) (string, bool) {
 		v, ok := a.Median(variant, metric)
 		if !ok {
 			return "not measured", false
@@ -68,7 +68,7 @@ func AtMost(text, variant, metric string, limit float64, unit string) Target {
 // MetricIs is a Target that the median of metric in variant is exactly
 // want: for counts and flags, where "at most" would read oddly.
 func MetricIs(text, variant, metric string, want float64) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
+	return Target{Text: text, Variants: []string{variant}, Check: func(a Agg) (string, bool) {
 		v, ok := a.Median(variant, metric)
 		if !ok {
 			return "not measured", false
@@ -96,11 +96,27 @@ func inCase(c string, t Target) Target {
 
 // ratioTarget judges ratio r with ok.
 func ratioTarget(text string, r Ratio, ok func(float64) bool) Target {
-	return Target{Text: text, Check: func(a Agg) (string, bool) {
+	return Target{Text: text, Variants: []string{r.Num, r.Den}, Check: func(a Agg) (string, bool) {
 		v, measured := a.Ratio(r)
 		if !measured {
 			return "not measured", false
 		}
 		return fmt.Sprintf("%s×", FormatNumber(v, 2)), ok(v)
 	}}
+}
+
+// besideCClient adds to t's measured figure the C client's ratio of metric
+// to go-floor's, where the run has both: the reference to beat, shown and
+// never judged. t.Variants does not name c-client, so a run without it
+// (make bench, a machine without librabbitmq's headers) judges t the same.
+func besideCClient(metric string, t Target) Target {
+	check := t.Check
+	t.Check = func(a Agg) (string, bool) {
+		got, ok := check(a)
+		if c, measured := a.Ratio(Ratio{Metric: metric, Num: CClient, Den: GoFloor}); measured {
+			got += fmt.Sprintf(" (%s %s×, the reference to beat)", CClient, FormatNumber(c, 2))
+		}
+		return got, ok
+	}
+	return t
 }

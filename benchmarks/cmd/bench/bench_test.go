@@ -181,7 +181,7 @@ func TestApplyPlan(t *testing.T) {
 	if cfg.report != ".cache/bench/quick/BENCHMARKS.md" || cfg.results != ".cache/bench/quick" {
 		t.Errorf("quick writes %s and %s, want its report under .cache/bench/quick", cfg.report, cfg.results)
 	}
-	if cfg.variants != "pristine,legacy,drainer" || cfg.reps != 3 {
+	if cfg.variants != "pristine,legacy,drainer,go-floor" || cfg.reps != 3 {
 		t.Errorf("quick: variants %q, reps %d", cfg.variants, cfg.reps)
 	}
 	if cfg.messagesFor("drain") != 50_000 || cfg.messagesFor("throughput") != 0 {
@@ -236,7 +236,8 @@ func TestApplyPlan(t *testing.T) {
 }
 
 // The quick plan's measurements: the cases and sizes it names, in
-// pristine, legacy and drainer only.
+// pristine, legacy and drainer, and go-floor in the drain, whose targets
+// are ratios to it; never the C client, even where it could be built.
 func TestQuickPlanMeasurements(t *testing.T) {
 	cfg, err := applyPlan(config{plan: "quick"}, nil)
 	if err != nil {
@@ -249,8 +250,10 @@ func TestQuickPlanMeasurements(t *testing.T) {
 	runs := map[string]int{}
 	for _, g := range p.groups {
 		for _, m := range g {
-			if m.variant.Name != "pristine" && m.variant.Name != "legacy" && m.variant.Name != "drainer" {
-				t.Errorf("%s %s runs in %s", m.scenario.Name, m.c, m.variant.Name)
+			switch v := m.variant.Name; {
+			case v == scenario.GoFloor && m.scenario.Name == "drain":
+			case v != "pristine" && v != "legacy" && v != "drainer":
+				t.Errorf("%s %s runs in %s", m.scenario.Name, m.c, v)
 			}
 			if want := cfg.messagesFor(m.scenario.Name); m.messages != want {
 				t.Errorf("%s: -n %d, want %d", m.scenario.Name, m.messages, want)
@@ -259,14 +262,80 @@ func TestQuickPlanMeasurements(t *testing.T) {
 		}
 	}
 	want := map[string]int{"stalled-consumer": 9, "stalled-listener b=rpc": 9, "throughput publishers=10": 9,
-		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 9, "drain api=consumefunc": 9, "roundtrip size=4096": 9}
+		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 12, "drain api=consumefunc": 12, "roundtrip size=4096": 9}
 	if fmt.Sprint(runs) != fmt.Sprint(want) {
 		t.Errorf("runs per case: %v, want %v", runs, want)
 	}
+	for _, c := range []string{"api=consume", "api=consumefunc"} {
+		if got := p.variantsOf("drain", c); fmt.Sprint(got) != "[pristine legacy drainer go-floor]" {
+			t.Errorf("drain %s planned in %v, want go-floor beside the three", c, got)
+		}
+	}
 	var out strings.Builder
 	printPlan(&out, cfg, p)
-	if !strings.Contains(out.String(), "63 measurements; then: none") {
+	if !strings.Contains(out.String(), "69 measurements; then: none") {
 		t.Errorf("-dry-run:\n%s", out.String())
+	}
+}
+
+// The headline judges only what the plan ran: a target needing a variant
+// the plan left out reads "not in this plan", neither yes nor no; one whose
+// variant was planned and failed is a "no".
+func TestHeadlineJudgesOnlyWhatRan(t *testing.T) {
+	spec, err := scenario.Lookup("drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	figures := func(cpu, syscalls, rate float64) map[string]scenario.Stat {
+		return map[string]scenario.Stat{"cpu_s_per_100k": {Median: cpu}, "syscalls_per_msg": {Median: syscalls},
+			"msg_s": {Median: rate}}
+	}
+	profile := output{Result: &scenario.Result{Artefacts: []string{"benchmarks/results/drain_api-consumefunc_drainer_rep1.pprof"}}}
+	cases := []caseResult{
+		// api=consume: go-floor not in the plan.
+		{Case: "api=consume", Variants: []string{"pristine", "drainer"}, Planned: []string{"pristine", "drainer"},
+			Agg: scenario.Agg{"drainer": figures(2, 0.7, 20000)}},
+		// api=consumefunc: go-floor planned and measured, the C client beside it.
+		{Case: "api=consumefunc", Variants: []string{"drainer", scenario.GoFloor, scenario.CClient},
+			Planned: []string{"drainer", scenario.GoFloor, scenario.CClient}, Runs: []output{profile},
+			Agg: scenario.Agg{"drainer": figures(1.1, 0.5, 26000), scenario.GoFloor: figures(1, 0.5, 27000),
+				scenario.CClient: figures(0.5, 0, 30000)}},
+	}
+	s := suite{Env: environment{Reps: 3, Plan: "quick", Command: "make bench"},
+		Scenarios: []scenarioResult{{Name: spec.Name, Title: spec.Title, About: spec.About, spec: spec, Cases: cases}}}
+	report := func() string {
+		path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+		if err := writeReport(path, s, nil, "benchmarks/results"); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	got := report()
+	for _, want := range []string{
+		"| drain | api=consume | drainer CPU-s per 100k at most 2.0× go-floor's (#29; #18's 0.8 CPU-s) | go-floor not run | not in this plan |",
+		"| drain | api=consumefunc | drainer CPU-s per 100k at most 1.25× go-floor's (#29; #18's 0.8 CPU-s) | " +
+			"1.10× (c-client 0.50×, the reference to beat) | yes |",
+		"| drain | api=consumefunc | drainer syscalls per delivery at most 1.2× go-floor's (#18's 0.6) | 1.00× | yes |",
+		// legacy was in no plan of this run.
+		"| drain | api=consumefunc | legacy CPU-s per 100k at most 1.25× go-floor's (#29) | legacy not run | not in this plan |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the report lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "**no**") {
+		t.Errorf("a target not in the plan reads no:\n%s", got)
+	}
+
+	// go-floor planned in api=consume, and every repetition of it failed: a failure, not a gap in the plan.
+	s.Scenarios[0].Cases[0].Planned = append(s.Scenarios[0].Cases[0].Planned, scenario.GoFloor)
+	if got := report(); !strings.Contains(got,
+		"| drain | api=consume | drainer CPU-s per 100k at most 2.0× go-floor's (#29; #18's 0.8 CPU-s) | not measured | **no** |") {
+		t.Errorf("a planned go-floor that failed is not a no:\n%s", got)
 	}
 }
 

@@ -47,7 +47,7 @@ import (
 func main() {
 	var cfg config
 	flag.StringVar(&cfg.plan, "plan", "full", "the named plan to run, "+planNames()+": full is every scenario and section, writing BENCHMARKS.md; "+
-		"quick the headline scenarios, pristine against legacy and drainer, writing .cache/bench/quick/BENCHMARKS.md; the flags below override its choices")
+		"quick the headline scenarios, pristine against legacy and drainer (go-floor in the drain), writing .cache/bench/quick/BENCHMARKS.md; the flags below override its choices")
 	flag.BoolVar(&cfg.dryRun, "dry-run", false, "print what the plan would measure, and where it would write, and exit: no build, no broker")
 	flag.IntVar(&cfg.reps, "reps", 3, "repetitions of each measurement (scenarios that fix their own count keep it); default: the plan's")
 	flag.StringVar(&cfg.scenarios, "scenarios", "", "comma-separated scenarios to run, with the sections failover and overhead; empty means all; default: the plan's")

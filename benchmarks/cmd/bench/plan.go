@@ -57,6 +57,20 @@ func (p plan) count() int {
 	return n
 }
 
+// variantsOf returns the variants the plan runs the named scenario's case
+// in, in the order of their first run.
+func (p plan) variantsOf(scenarioName, c string) []string {
+	var vs []string
+	for _, g := range p.groups {
+		for _, m := range g {
+			if m.scenario.Name == scenarioName && m.c == c && !slices.Contains(vs, m.variant.Name) {
+				vs = append(vs, m.variant.Name)
+			}
+		}
+	}
+	return vs
+}
+
 // listScenarios asks the patched build which scenarios it has.
 func listScenarios(bins binaries) ([]listing, error) {
 	out, err := exec.Command(bins.patched, "-list").Output()

@@ -91,19 +91,7 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 	w("The broker shares the client's cores, and the machine is shared and noisy: compare variants " +
 		"within one run (ratios), not with other machines.\n\n")
 
-	w("## Headline: the issue's targets\n\n| scenario | case | target | measured | met |\n|---|---|---|---|---|\n")
-	for _, sr := range s.Scenarios {
-		for _, cr := range sr.Cases {
-			for _, t := range sr.spec.Report.Targets {
-				if !t.AppliesTo(cr.Case) {
-					continue
-				}
-				got, ok := t.Check(cr.Agg)
-				w("| %s | %s | %s | %s | %s |\n", sr.Name, orDash(cr.Case), t.Text, got, mark(ok))
-			}
-		}
-	}
-	w("\n")
+	writeHeadline(w, s)
 	if c, ok := charts["ratios"]; ok {
 		w("![ratios between variants](%s)\n\n", rel(c))
 	}
@@ -149,8 +137,8 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 				if !t.AppliesTo(cr.Case) {
 					continue
 				}
-				got, ok := t.Check(cr.Agg)
-				w("- target, %s: %s, **%s**\n", t.Text, got, map[bool]string{true: "met", false: "not met"}[ok])
+				got, v := t.Judge(cr.Agg, cr.planned())
+				w("- target, %s: %s, **%s**\n", t.Text, got, verdictText[v])
 			}
 			w("\n")
 			for _, name := range rep.Charts {
@@ -195,6 +183,41 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 	return os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
+// writeHeadline writes the table of every target of every case run. A
+// target whose variants the plan did not run reads "not in this plan",
+// neither yes nor no, so that a "no" in a run of a plan as it stands is a
+// regression, or a measurement that failed, and nothing else.
+func writeHeadline(w func(string, ...any), s suite) {
+	w("## Headline: the issue's targets\n\n| scenario | case | target | measured | met |\n|---|---|---|---|---|\n")
+	unjudged := false
+	for _, sr := range s.Scenarios {
+		for _, cr := range sr.Cases {
+			for _, t := range sr.spec.Report.Targets {
+				if !t.AppliesTo(cr.Case) {
+					continue
+				}
+				got, v := t.Judge(cr.Agg, cr.planned())
+				w("| %s | %s | %s | %s | %s |\n", sr.Name, orDash(cr.Case), t.Text, got, headlineMark[v])
+				unjudged = unjudged || v == scenario.NotInPlan
+			}
+		}
+	}
+	w("\n")
+	if unjudged {
+		w("A target \"not in this plan\" needs a variant that this run's plan or -variants left " +
+			"out: the run neither met nor missed it.\n\n")
+	}
+}
+
+// headlineMark and verdictText say a target's verdict in the headline's
+// "met" column and in its scenario's section.
+var (
+	headlineMark = map[scenario.Verdict]string{
+		scenario.Met: "yes", scenario.NotMet: "**no**", scenario.NotInPlan: "not in this plan"}
+	verdictText = map[scenario.Verdict]string{
+		scenario.Met: "met", scenario.NotMet: "not met", scenario.NotInPlan: "not in this plan"}
+)
+
 // formatStat prints "median (min–max)", or just the value when the
 // repetitions agree.
 func formatStat(st scenario.Stat, ok bool, digits int) string {
@@ -217,13 +240,6 @@ func ratioDigits(v float64) int {
 		return 1
 	}
 	return 2
-}
-
-func mark(ok bool) string {
-	if ok {
-		return "yes"
-	}
-	return "**no**"
 }
 
 func orDash(s string) string {

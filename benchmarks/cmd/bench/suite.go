@@ -156,13 +156,17 @@ type scenarioResult struct {
 
 // caseResult is one case's results over variants and repetitions.
 type caseResult struct {
-	Case     string                             `json:"case"`
-	Variants []string                           `json:"variants"`
-	Agg      scenario.Agg                       `json:"aggregate"`
-	Points   map[string]map[string][]hist.Point `json:"points,omitempty"` // variant, latency name: median over reps
-	Notes    map[string][]string                `json:"notes,omitempty"`
-	Errors   []string                           `json:"errors,omitempty"`
-	Runs     []output                           `json:"runs"`
+	Case     string   `json:"case"`
+	Variants []string `json:"variants"`
+	// Planned are the variants the plan gave the case, run or not (an
+	// interrupted run leaves some unrun): a target needing a variant that
+	// is not among them is not judged (scenario.Target.Judge).
+	Planned []string                           `json:"planned,omitempty"`
+	Agg     scenario.Agg                       `json:"aggregate"`
+	Points  map[string]map[string][]hist.Point `json:"points,omitempty"` // variant, latency name: median over reps
+	Notes   map[string][]string                `json:"notes,omitempty"`
+	Errors  []string                           `json:"errors,omitempty"`
+	Runs    []output                           `json:"runs"`
 }
 
 // assemble groups the runs by scenario and case and aggregates them.
@@ -181,7 +185,8 @@ func assemble(env environment, p plan, runs []run) suite {
 		}
 		sr := scenarioResult{Name: l.Name, Title: spec.Title, About: spec.About, Messages: p.messages[l.Name], spec: spec}
 		for _, c := range l.Cases {
-			cr := caseResult{Case: c, Agg: scenario.Agg{}, Points: map[string]map[string][]hist.Point{}, Notes: map[string][]string{}}
+			cr := caseResult{Case: c, Agg: scenario.Agg{}, Points: map[string]map[string][]hist.Point{}, Notes: map[string][]string{},
+				Planned: p.variantsOf(l.Name, c)}
 			byVariant := map[string][]output{}
 			for _, r := range runs {
 				if r.scenario.Name != l.Name || r.c != c {
@@ -216,6 +221,15 @@ func assemble(env environment, p plan, runs []run) suite {
 		s.Scenarios = append(s.Scenarios, sr)
 	}
 	return s
+}
+
+// planned returns the variants a case was planned in: Planned, or, in
+// results from before it was kept, the variants that ran.
+func (cr caseResult) planned() []string {
+	if len(cr.Planned) > 0 {
+		return cr.Planned
+	}
+	return cr.Variants
 }
 
 // medianPoints takes, for each latency distribution and percentile, the
