@@ -280,7 +280,8 @@ func TestQuickPlanMeasurements(t *testing.T) {
 
 // The headline judges only what the plan ran: a target needing a variant
 // the plan left out reads "not in this plan", neither yes nor no; one whose
-// variant was planned and failed is a "no".
+// variant was planned and failed is a "no". The profiles are named, with
+// the command that writes them again, and not linked.
 func TestHeadlineJudgesOnlyWhatRan(t *testing.T) {
 	spec, err := scenario.Lookup("drain")
 	if err != nil {
@@ -322,13 +323,15 @@ func TestHeadlineJudgesOnlyWhatRan(t *testing.T) {
 		"| drain | api=consumefunc | drainer syscalls per delivery at most 1.2× go-floor's (#18's 0.6) | 1.00× | yes |",
 		// legacy was in no plan of this run.
 		"| drain | api=consumefunc | legacy CPU-s per 100k at most 1.25× go-floor's (#29) | legacy not run | not in this plan |",
+		"- CPU profiles: 1, written by the runs as `benchmarks/results/drain_api-consumefunc_*.pprof`",
+		"`make bench` writes them again, or this scenario alone: `go run ./benchmarks/cmd/bench -plan quick -scenarios drain",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the report lacks %q:\n%s", want, got)
 		}
 	}
-	if strings.Contains(got, "**no**") {
-		t.Errorf("a target not in the plan reads no:\n%s", got)
+	if strings.Contains(got, "**no**") || strings.Contains(got, "](benchmarks/results/drain_") {
+		t.Errorf("a target not in the plan reads no, or a profile is linked:\n%s", got)
 	}
 
 	// go-floor planned in api=consume, and every repetition of it failed: a failure, not a gap in the plan.

@@ -160,19 +160,8 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 			for _, e := range cr.Errors {
 				w("- **error**: %s\n", e)
 			}
-			var files []string
-			for _, o := range cr.Runs {
-				if o.Result == nil {
-					continue
-				}
-				for _, f := range o.Result.Artefacts {
-					files = append(files, fmt.Sprintf("[%s](%s)", filepath.Base(f), rel(f)))
-				}
-			}
-			if len(files) > 0 {
-				w("- saved by the runs (CPU profiles: `go tool pprof -top FILE`): %s\n", strings.Join(files, ", "))
-			}
-			if len(cr.Notes) > 0 || len(cr.Errors) > 0 || len(files) > 0 {
+			profiles := writeProfiles(w, sr.Name, cr, command, pl.name)
+			if len(cr.Notes) > 0 || len(cr.Errors) > 0 || profiles {
 				w("\n")
 			}
 		}
@@ -217,6 +206,36 @@ var (
 	verdictText = map[scenario.Verdict]string{
 		scenario.Met: "met", scenario.NotMet: "not met", scenario.NotInPlan: "not in this plan"}
 )
+
+// writeProfiles says where a case's runs wrote their CPU profiles, and
+// how to write them again, and reports whether there were any. It links
+// none: the profiles stay beside the results and out of git, for a full
+// run would otherwise rewrite some 75 binary files in the repository
+// (issue #40). The runner is run from the repository's root, so the
+// paths the runs recorded are the ones a reader types there.
+func writeProfiles(w func(string, ...any), name string, cr caseResult, command, plan string) bool {
+	n, dir := 0, ""
+	for _, o := range cr.Runs {
+		if o.Result != nil && len(o.Result.Artefacts) > 0 {
+			n += len(o.Result.Artefacts)
+			dir = filepath.Dir(o.Result.Artefacts[0])
+		}
+	}
+	if n == 0 {
+		return false
+	}
+	// Named as plan.go's measure names a run's artefacts.
+	pattern := filepath.ToSlash(filepath.Join(dir, fileName(name, cr.Case)+"_*.pprof"))
+	alone := "go run ./benchmarks/cmd/bench"
+	if plan != "full" {
+		alone += " -plan " + plan
+	}
+	alone += fmt.Sprintf(" -scenarios %s -report /tmp/%s/BENCHMARKS.md -results /tmp/%s", name, name, name)
+	w("- CPU profiles: %d, written by the runs as `%s` and not kept in the repository "+
+		"(`go tool pprof -top FILE` reads one); `%s` writes them again, or this scenario alone: `%s`\n",
+		n, pattern, command, alone)
+	return true
+}
 
 // formatStat prints "median (min–max)", or just the value when the
 // repetitions agree.
