@@ -69,13 +69,16 @@ func TestJudge(t *testing.T) {
 		t.Errorf("a ratio's target needs %v, want its two sides", target.Variants)
 	}
 	drainerOnly := Agg{"drainer": {"cpu_s_per_100k": {Median: 1.1}}}
-	if got, v := target.Judge(drainerOnly, []string{"pristine", "drainer"}); v != NotInPlan || got != "go-floor not run" {
+	got, v := target.Judge(drainerOnly, []string{"pristine", "drainer"})
+	if v != NotInPlan || got != "go-floor not run" {
 		t.Errorf("go-floor not in the plan: %q, %v; want not in this plan", got, v)
 	}
-	if got, v := target.Judge(drainerOnly, []string{"drainer", GoFloor}); v != NotMet || got != "not measured" {
+	got, v = target.Judge(drainerOnly, []string{"drainer", GoFloor})
+	if v != NotMet || got != "not measured" {
 		t.Errorf("go-floor planned, every repetition failed: %q, %v; want not met", got, v)
 	}
-	withFloor := Agg{"drainer": {"cpu_s_per_100k": {Median: 1.1}}, GoFloor: {"cpu_s_per_100k": {Median: 1.0}}}
+	withFloor := Agg{"drainer": {"cpu_s_per_100k": {Median: 1.1}},
+		GoFloor: {"cpu_s_per_100k": {Median: 1.0}}}
 	if got, v := target.Judge(withFloor, []string{"drainer", GoFloor}); v != Met || got != "1.10×" {
 		t.Errorf("1.1× go-floor's, at most 1.25×: %q, %v; want met", got, v)
 	}
@@ -85,12 +88,12 @@ func TestJudge(t *testing.T) {
 	}
 	// The C client is shown beside, never judged, and never needed.
 	withFloor[CClient] = map[string]Stat{"cpu_s_per_100k": {Median: 0.5}}
-	got, v := target.Judge(withFloor, []string{"drainer", GoFloor, CClient})
+	got, v = target.Judge(withFloor, []string{"drainer", GoFloor, CClient})
 	if v != NotMet || got != "1.30× (c-client 0.50×, the reference to beat)" {
 		t.Errorf("with the C client: %q, %v", got, v)
 	}
 	// A target over whichever variants ran needs none of them.
-	if _, v := maxEverywhere("", "lost", 0).Judge(Agg{"drainer": {"lost": {}}}, []string{"drainer"}); v != Met {
+	if _, v := maxEverywhere("", "lost", 0).Judge(Agg{"drainer": {"lost": {}}}, nil); v != Met {
 		t.Errorf("maxEverywhere: %v, want met", v)
 	}
 }

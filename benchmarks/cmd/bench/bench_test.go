@@ -262,7 +262,8 @@ func TestQuickPlanMeasurements(t *testing.T) {
 		}
 	}
 	want := map[string]int{"stalled-consumer": 9, "stalled-listener b=rpc": 9, "throughput publishers=10": 9,
-		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 12, "drain api=consumefunc": 12, "roundtrip size=4096": 9}
+		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 12, "drain api=consumefunc": 12,
+		"roundtrip size=4096": 9}
 	if fmt.Sprint(runs) != fmt.Sprint(want) {
 		t.Errorf("runs per case: %v, want %v", runs, want)
 	}
@@ -288,58 +289,68 @@ func TestHeadlineJudgesOnlyWhatRan(t *testing.T) {
 		t.Fatal(err)
 	}
 	figures := func(cpu, syscalls, rate float64) map[string]scenario.Stat {
-		return map[string]scenario.Stat{"cpu_s_per_100k": {Median: cpu}, "syscalls_per_msg": {Median: syscalls},
-			"msg_s": {Median: rate}}
+		return map[string]scenario.Stat{"cpu_s_per_100k": {Median: cpu},
+			"syscalls_per_msg": {Median: syscalls}, "msg_s": {Median: rate}}
 	}
-	profile := output{Result: &scenario.Result{Artefacts: []string{"benchmarks/results/drain_api-consumefunc_drainer_rep1.pprof"}}}
+	pprof := "benchmarks/results/drain_api-consumefunc_drainer_rep1.pprof"
 	cases := []caseResult{
 		// api=consume: go-floor not in the plan.
-		{Case: "api=consume", Variants: []string{"pristine", "drainer"}, Planned: []string{"pristine", "drainer"},
-			Agg: scenario.Agg{"drainer": figures(2, 0.7, 20000)}},
+		{Case: "api=consume", Variants: []string{"pristine", "drainer"},
+			Planned: []string{"pristine", "drainer"}, Agg: scenario.Agg{"drainer": figures(2, 0.7, 20000)}},
 		// api=consumefunc: go-floor planned and measured, the C client beside it.
 		{Case: "api=consumefunc", Variants: []string{"drainer", scenario.GoFloor, scenario.CClient},
-			Planned: []string{"drainer", scenario.GoFloor, scenario.CClient}, Runs: []output{profile},
+			Planned: []string{"drainer", scenario.GoFloor, scenario.CClient},
+			Runs:    []output{{Result: &scenario.Result{Artefacts: []string{pprof}}}},
 			Agg: scenario.Agg{"drainer": figures(1.1, 0.5, 26000), scenario.GoFloor: figures(1, 0.5, 27000),
 				scenario.CClient: figures(0.5, 0, 30000)}},
 	}
-	s := suite{Env: environment{Reps: 3, Plan: "quick", Command: "make bench"},
-		Scenarios: []scenarioResult{{Name: spec.Name, Title: spec.Title, About: spec.About, spec: spec, Cases: cases}}}
-	report := func() string {
-		path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
-		if err := writeReport(path, s, nil, "benchmarks/results"); err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(b)
+	s := suite{Env: environment{Reps: 3, Plan: "quick", Command: "make bench"}, Scenarios: []scenarioResult{
+		{Name: spec.Name, Title: spec.Title, About: spec.About, spec: spec, Cases: cases}}}
+	row := func(c, target, measured, met string) string {
+		return fmt.Sprintf("| drain | %s | %s | %s | %s |", c, target, measured, met)
 	}
-	got := report()
+	const chanCPU = "drainer CPU-s per 100k at most 2.0× go-floor's (#29; #18's 0.8 CPU-s)"
+	got := reportOf(t, s)
 	for _, want := range []string{
-		"| drain | api=consume | drainer CPU-s per 100k at most 2.0× go-floor's (#29; #18's 0.8 CPU-s) | go-floor not run | not in this plan |",
-		"| drain | api=consumefunc | drainer CPU-s per 100k at most 1.25× go-floor's (#29; #18's 0.8 CPU-s) | " +
-			"1.10× (c-client 0.50×, the reference to beat) | yes |",
-		"| drain | api=consumefunc | drainer syscalls per delivery at most 1.2× go-floor's (#18's 0.6) | 1.00× | yes |",
+		row("api=consume", chanCPU, "go-floor not run", "not in this plan"),
+		row("api=consumefunc", "drainer CPU-s per 100k at most 1.25× go-floor's (#29; #18's 0.8 CPU-s)",
+			"1.10× (c-client 0.50×, the reference to beat)", "yes"),
+		row("api=consumefunc", "drainer syscalls per delivery at most 1.2× go-floor's (#18's 0.6)", "1.00×", "yes"),
 		// legacy was in no plan of this run.
-		"| drain | api=consumefunc | legacy CPU-s per 100k at most 1.25× go-floor's (#29) | legacy not run | not in this plan |",
+		row("api=consumefunc", "legacy CPU-s per 100k at most 1.25× go-floor's (#29)", "legacy not run",
+			"not in this plan"),
 		"- CPU profiles: 1, written by the runs as `benchmarks/results/drain_api-consumefunc_*.pprof`",
-		"`make bench` writes them again, or this scenario alone: `go run ./benchmarks/cmd/bench -plan quick -scenarios drain",
+		"`make bench` writes them again, or this scenario alone: " +
+			"`go run ./benchmarks/cmd/bench -plan quick -scenarios drain",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the report lacks %q:\n%s", want, got)
 		}
 	}
-	if strings.Contains(got, "**no**") || strings.Contains(got, "](benchmarks/results/drain_") {
+	if strings.Contains(got, "**no**") || strings.Contains(got, "]("+pprof) {
 		t.Errorf("a target not in the plan reads no, or a profile is linked:\n%s", got)
 	}
 
-	// go-floor planned in api=consume, and every repetition of it failed: a failure, not a gap in the plan.
+	// go-floor planned in api=consume, and every repetition of it failed:
+	// a failure, not a gap in the plan.
 	s.Scenarios[0].Cases[0].Planned = append(s.Scenarios[0].Cases[0].Planned, scenario.GoFloor)
-	if got := report(); !strings.Contains(got,
-		"| drain | api=consume | drainer CPU-s per 100k at most 2.0× go-floor's (#29; #18's 0.8 CPU-s) | not measured | **no** |") {
+	if got := reportOf(t, s); !strings.Contains(got, row("api=consume", chanCPU, "not measured", "**no**")) {
 		t.Errorf("a planned go-floor that failed is not a no:\n%s", got)
 	}
+}
+
+// reportOf is the report writeReport writes of s.
+func reportOf(t *testing.T, s suite) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "BENCHMARKS.md")
+	if err := writeReport(path, s, nil, "benchmarks/results"); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 func TestProgressEstimate(t *testing.T) {

@@ -177,7 +177,8 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 // neither yes nor no, so that a "no" in a run of a plan as it stands is a
 // regression, or a measurement that failed, and nothing else.
 func writeHeadline(w func(string, ...any), s suite) {
-	w("## Headline: the issue's targets\n\n| scenario | case | target | measured | met |\n|---|---|---|---|---|\n")
+	w("## Headline: the issue's targets\n\n" +
+		"| scenario | case | target | measured | met |\n|---|---|---|---|---|\n")
 	unjudged := false
 	for _, sr := range s.Scenarios {
 		for _, cr := range sr.Cases {
@@ -230,7 +231,7 @@ func writeProfiles(w func(string, ...any), name string, cr caseResult, command, 
 	if plan != "full" {
 		alone += " -plan " + plan
 	}
-	alone += fmt.Sprintf(" -scenarios %s -report /tmp/%s/BENCHMARKS.md -results /tmp/%s", name, name, name)
+	alone += fmt.Sprintf(" -scenarios %[1]s -report /tmp/%[1]s/BENCHMARKS.md -results /tmp/%[1]s", name)
 	w("- CPU profiles: %d, written by the runs as `%s` and not kept in the repository "+
 		"(`go tool pprof -top FILE` reads one); `%s` writes them again, or this scenario alone: `%s`\n",
 		n, pattern, command, alone)

@@ -185,8 +185,8 @@ func assemble(env environment, p plan, runs []run) suite {
 		}
 		sr := scenarioResult{Name: l.Name, Title: spec.Title, About: spec.About, Messages: p.messages[l.Name], spec: spec}
 		for _, c := range l.Cases {
-			cr := caseResult{Case: c, Agg: scenario.Agg{}, Points: map[string]map[string][]hist.Point{}, Notes: map[string][]string{},
-				Planned: p.variantsOf(l.Name, c)}
+			cr := caseResult{Case: c, Agg: scenario.Agg{}, Points: map[string]map[string][]hist.Point{},
+				Notes: map[string][]string{}, Planned: p.variantsOf(l.Name, c)}
 			byVariant := map[string][]output{}
 			for _, r := range runs {
 				if r.scenario.Name != l.Name || r.c != c {
