@@ -101,3 +101,34 @@ func TestNormalizeIDsAndRepeatedRuns(t *testing.T) {
 		t.Errorf("repeated %q, want %q", got, want)
 	}
 }
+
+// TestRunInHalves: a suite run in two halves (scripts/upstream-suites) is one
+// run whose time is the halves' sum, finished only if both halves finished.
+func TestRunInHalves(t *testing.T) {
+	half := func(test string, finished bool, seconds float64) string {
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		events := []event{{Action: "start"}, {Action: "pass", Test: test}}
+		if finished {
+			events = append(events, event{Action: "pass", Elapsed: seconds})
+		}
+		for _, e := range events {
+			if err := enc.Encode(e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return b.String()
+	}
+	for _, tc := range []struct {
+		second   bool
+		finished bool
+		wall     time.Duration
+	}{{true, true, 5 * time.Second}, {false, false, 2 * time.Second}} {
+		in := half("TestA", true, 2) + half("TestB", tc.second, 3)
+		results, finished, wall, err := parse(strings.NewReader(in))
+		if err != nil || finished != tc.finished || wall != tc.wall || len(results) != 2 {
+			t.Errorf("second half finished %v: parse gave %d results, finished %v, wall %v, err %v; want 2, %v, %v",
+				tc.second, len(results), finished, wall, err, tc.finished, tc.wall)
+		}
+	}
+}

@@ -221,7 +221,10 @@ func TestAckGroupCommit(t *testing.T) {
 				}
 			}
 			c.rp.base().coalesce = true
-			if t.Logf("a lone ack: %.1f allocations coalescing, %.1f not", on, off); on > off {
+			// One allocation of slack: AllocsPerRun counts the whole process's mallocs and
+			// rounds down, and the fake peer's goroutines sometimes add one per run to either
+			// setting (18 against 19 both ways, in about 1 of 20 runs on a quiet machine).
+			if t.Logf("a lone ack: %.1f allocations coalescing, %.1f not", on, off); on > off+1 {
 				t.Error("a lone ack allocates more coalescing")
 			}
 			if err := c.Close(); err != nil {
