@@ -174,8 +174,8 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 
 // writeHeadline writes the table of every target of every case run. A
 // target whose variants the plan did not run reads "not in this plan",
-// neither yes nor no, so that a "no" in a run of a plan as it stands is a
-// regression, or a measurement that failed, and nothing else.
+// neither yes nor no, so that a "no" is a figure that missed its bound, or
+// a planned variant that gave none, and never a variant left out.
 func writeHeadline(w func(string, ...any), s suite) {
 	w("## Headline: the issue's targets\n\n" +
 		"| scenario | case | target | measured | met |\n|---|---|---|---|---|\n")
