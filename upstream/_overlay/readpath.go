@@ -30,6 +30,14 @@ type ReadPath interface {
 	attach(c *Connection) readPath // binds to c for life, every generation
 }
 
+// connOverlay is the overlay's state in a Connection. The seam embeds it as one field, so
+// that upstream's struct gains one line, and its fields read as the Connection's own.
+type connOverlay struct {
+	rp         readPath      // alternative read path, nil for upstream's reader
+	dispatched activity      // wakes DrainEvents in upstream mode
+	recovery   recoveryState // refused settlements, the secret kept for redials (recoverytags.go)
+}
+
 // readPath is one Connection's read path, called from the seam's hooks.
 type readPath interface {
 	// base is what was fixed at attach (readconn.go).
