@@ -236,6 +236,9 @@ func drainFunc(ctx context.Context, ch *amqp.Channel, queue string, n int) (int,
 // drainChan drains queue by ranging over a Consume chan, acking multiple
 // every drainAckEvery.
 func drainChan(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, mode, queue string, n int) (int, error) {
+	// Why the chan might close early, for the error: the channel's or the connection's close.
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	deliveries, err := ch.Consume(queue, "", false, false, false, false, nil)
 	if err != nil {
 		return 0, fmt.Errorf("consume: %w", err)
@@ -248,7 +251,7 @@ func drainChan(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, mod
 		select {
 		case d, ok := <-deliveries:
 			if !ok {
-				return 0, fmt.Errorf("deliveries closed after %d of %d", received, n)
+				return 0, fmt.Errorf("deliveries closed after %d of %d: %s", received, n, whyClosed(closed, connClosed))
 			}
 			received++
 			if received%drainAckEvery == 0 || received == n {
@@ -261,6 +264,19 @@ func drainChan(ctx context.Context, conn *amqp.Connection, ch *amqp.Channel, mod
 		}
 	}
 	return received, nil
+}
+
+// whyClosed says what closed a consumer's chan: its channel's close, its connection's, or
+// neither (a cancel), as the two NotifyClose chans have it within a second.
+func whyClosed(channel, conn <-chan *amqp.Error) string {
+	select {
+	case err := <-channel:
+		return fmt.Sprintf("channel closed: %v", err)
+	case err := <-conn:
+		return fmt.Sprintf("connection closed: %v", err)
+	case <-time.After(time.Second):
+		return "neither the channel nor the connection closed (a cancel?)"
+	}
 }
 
 // fillQueue publishes n messages of size bytes to queue over a plain

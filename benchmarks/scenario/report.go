@@ -83,6 +83,10 @@ type Target struct {
 	// is then neither met nor missed (Judge); nil for a target that judges
 	// whichever variants ran.
 	Variants []string
+	// Reach, when set, tells a miss from noise (issue #40): it reports
+	// whether the repetitions' ranges still reach the bound that the
+	// medians missed, with the range it judged. Nil: every miss is NotMet.
+	Reach func(a Agg) (span string, reached bool)
 }
 
 // A Verdict is what Judge makes of a target in one case of one run.
@@ -99,6 +103,11 @@ const (
 	// bench's quick plan runs no c-client, -variants may leave out any),
 	// so the run says nothing about it either way.
 	NotInPlan
+	// WithinNoise: the medians miss the target, but the repetitions'
+	// ranges reach it (Target.Reach), so the run cannot tell a miss from
+	// the machine's noise; more repetitions decide. A "no" is then kept
+	// for a figure that every repetition says missed: a regression.
+	WithinNoise
 )
 
 // Judge checks t against a, the case's aggregate, where planned are the
@@ -116,10 +125,16 @@ func (t Target) Judge(a Agg, planned []string) (measured string, v Verdict) {
 		return strings.Join(missing, " and ") + " not run", NotInPlan
 	}
 	measured, ok := t.Check(a)
-	if !ok {
+	switch {
+	case ok:
+		return measured, Met
+	case t.Reach == nil:
 		return measured, NotMet
 	}
-	return measured, Met
+	if span, reached := t.Reach(a); reached {
+		return measured + " (reps " + span + ")", WithinNoise
+	}
+	return measured, NotMet
 }
 
 // AppliesTo reports whether t judges the case named c.

@@ -92,6 +92,19 @@ func TestJudge(t *testing.T) {
 	if v != NotMet || got != "1.30× (c-client 0.50×, the reference to beat)" {
 		t.Errorf("with the C client: %q, %v", got, v)
 	}
+	// A median that misses while the repetitions' ranges reach the bound is
+	// within noise; one that every repetition misses is a no.
+	delete(withFloor, CClient)
+	withFloor["drainer"]["cpu_s_per_100k"] = Stat{Min: 1.2, Median: 1.3, Max: 1.4}
+	withFloor[GoFloor]["cpu_s_per_100k"] = Stat{Min: 0.95, Median: 1.0, Max: 1.05}
+	got, v = target.Judge(withFloor, []string{"drainer", GoFloor})
+	if v != WithinNoise || got != "1.30× (reps 1.14–1.47×)" {
+		t.Errorf("ranges that reach 1.25×: %q, %v; want within noise", got, v)
+	}
+	withFloor["drainer"]["cpu_s_per_100k"] = Stat{Min: 1.4, Median: 1.5, Max: 1.6}
+	if got, v := target.Judge(withFloor, []string{"drainer", GoFloor}); v != NotMet || got != "1.50×" {
+		t.Errorf("every repetition over 1.25×: %q, %v; want not met", got, v)
+	}
 	// A target over whichever variants ran needs none of them.
 	if _, v := maxEverywhere("", "lost", 0).Judge(Agg{"drainer": {"lost": {}}}, nil); v != Met {
 		t.Errorf("maxEverywhere: %v, want met", v)

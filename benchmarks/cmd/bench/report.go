@@ -179,7 +179,7 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 func writeHeadline(w func(string, ...any), s suite) {
 	w("## Headline: the issue's targets\n\n" +
 		"| scenario | case | target | measured | met |\n|---|---|---|---|---|\n")
-	unjudged := false
+	unjudged, noisy := false, false
 	for _, sr := range s.Scenarios {
 		for _, cr := range sr.Cases {
 			for _, t := range sr.spec.Report.Targets {
@@ -189,6 +189,7 @@ func writeHeadline(w func(string, ...any), s suite) {
 				got, v := t.Judge(cr.Agg, cr.planned())
 				w("| %s | %s | %s | %s | %s |\n", sr.Name, orDash(cr.Case), t.Text, got, headlineMark[v])
 				unjudged = unjudged || v == scenario.NotInPlan
+				noisy = noisy || v == scenario.WithinNoise
 			}
 		}
 	}
@@ -197,15 +198,22 @@ func writeHeadline(w func(string, ...any), s suite) {
 		w("A target \"not in this plan\" needs a variant that this run's plan or -variants left " +
 			"out: the run neither met nor missed it.\n\n")
 	}
+	if noisy {
+		w("A target \"within noise\" was missed by the medians, but the repetitions' ranges still " +
+			"reach it (the span shown): more repetitions (-reps) decide. A \"no\" is a figure that " +
+			"every repetition says missed.\n\n")
+	}
 }
 
 // headlineMark and verdictText say a target's verdict in the headline's
 // "met" column and in its scenario's section.
 var (
 	headlineMark = map[scenario.Verdict]string{
-		scenario.Met: "yes", scenario.NotMet: "**no**", scenario.NotInPlan: "not in this plan"}
+		scenario.Met: "yes", scenario.NotMet: "**no**", scenario.NotInPlan: "not in this plan",
+		scenario.WithinNoise: "within noise"}
 	verdictText = map[scenario.Verdict]string{
-		scenario.Met: "met", scenario.NotMet: "not met", scenario.NotInPlan: "not in this plan"}
+		scenario.Met: "met", scenario.NotMet: "not met", scenario.NotInPlan: "not in this plan",
+		scenario.WithinNoise: "within noise"}
 )
 
 // writeProfiles says where a case's runs wrote their CPU profiles, and
