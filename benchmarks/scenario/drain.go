@@ -318,7 +318,8 @@ var rawNotes = map[rawdrain.Read]string{
 // drainRaw is the drain of the go-floor variants, which read as read
 // says: the same queue, prefetch and acks, by package rawdrain, metered
 // over the same span as runDrain.
-func drainRaw(ctx context.Context, env *Env, queue string, n int, read rawdrain.Read) (*Result, error) {
+func drainRaw(ctx context.Context, env *Env, queue string, n int,
+	read rawdrain.Read) (*Result, error) {
 	res := NewResult()
 	var meter *costMeter
 	var meterErr error

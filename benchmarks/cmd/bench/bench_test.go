@@ -66,10 +66,12 @@ func TestVariantFilters(t *testing.T) {
 		t.Fatal(err)
 	}
 	const drainRefs = "[go-floor c-client go-floor-blocking go-floor-rawsyscall]"
-	if got := names(variantsFor(drain.Modes, "", false, false)); len(got) < 4 || fmt.Sprint(got[4:]) != drainRefs {
+	got := names(variantsFor(drain.Modes, "", false, false))
+	if len(got) < 4 || fmt.Sprint(got[4:]) != drainRefs {
 		t.Errorf("the drain's variants: %v, want the four amqp091-go ones, then %s", got, drainRefs)
 	}
-	if got := names(variantsFor(drain.Modes, "go-floor,go-floor-blocking", false, false)); fmt.Sprint(got) != "[go-floor go-floor-blocking]" {
+	got = names(variantsFor(drain.Modes, "go-floor,go-floor-blocking", false, false))
+	if fmt.Sprint(got) != "[go-floor go-floor-blocking]" {
 		t.Errorf("-variants go-floor,go-floor-blocking in the drain: %v", got)
 	}
 }

@@ -86,9 +86,11 @@ func (b *blockingConn) syscall3(trap uintptr, p []byte) (int, error) {
 		var r uintptr
 		var e syscall.Errno
 		if b.raw {
-			r, _, e = syscall.RawSyscall(trap, uintptr(b.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			r, _, e = syscall.RawSyscall(trap, uintptr(b.fd),
+				uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		} else {
-			r, _, e = syscall.Syscall(trap, uintptr(b.fd), uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+			r, _, e = syscall.Syscall(trap, uintptr(b.fd),
+				uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
 		}
 		if e == syscall.EINTR {
 			continue

@@ -190,40 +190,11 @@ func Drain(ctx context.Context, cfg Config, started func()) (received int, err e
 	if vhost == "" {
 		vhost = "/"
 	}
-	if cfg.Read == BlockingRaw && runtime.GOMAXPROCS(0) < 2 {
-		// The raw read holds the only P while it waits: not even ctx's
-		// timer could run to end it.
-		return 0, fmt.Errorf("rawdrain: %v needs GOMAXPROCS of 2 or more", cfg.Read)
-	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", host)
+	conn, release, err := connect(ctx, host, cfg.Read)
 	if err != nil {
 		return 0, err
 	}
-	var conn link = nc
-	var stop func() bool
-	switch cfg.Read {
-	case Netpoll:
-		defer nc.Close()
-		stop = context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
-	case Blocking, BlockingRaw:
-		// Locked before the first read, so that every read and write of
-		// the session is made by one thread, as a C client's would be.
-		runtime.LockOSThread()
-		defer runtime.UnlockOSThread()
-		bc, err := newBlockingConn(nc, cfg.Read == BlockingRaw) // closes nc
-		if err != nil {
-			return 0, err
-		}
-		defer bc.Close()
-		// No deadline reaches a blocking read: shutdown(2) ends it.
-		stop = context.AfterFunc(ctx, bc.interrupt)
-		conn = bc
-	default:
-		nc.Close()
-		return 0, fmt.Errorf("rawdrain: unknown %v", cfg.Read)
-	}
-	defer stop()
+	defer release()
 
 	s := &session{conn: conn, frames: NewFrames(conn, maxFrame), w: bufio.NewWriterSize(conn, 4096)}
 	if err := s.open(user, pass, vhost, cfg.Prefetch); err != nil {
@@ -235,6 +206,40 @@ func Drain(ctx context.Context, cfg Config, started func()) (received int, err e
 		return received, err
 	}
 	return received, s.close()
+}
+
+// connect dials host and readies the connection to be read as read says,
+// ended by ctx. release closes it and undoes what connect did, on the
+// goroutine that called connect.
+func connect(ctx context.Context, host string, read Read) (conn link, release func(), err error) {
+	if read == BlockingRaw && runtime.GOMAXPROCS(0) < 2 {
+		// The raw read holds the only P while it waits: not even ctx's
+		// timer could run to end it.
+		return nil, nil, fmt.Errorf("rawdrain: %v needs GOMAXPROCS of 2 or more", read)
+	}
+	if read != Netpoll && read != Blocking && read != BlockingRaw {
+		return nil, nil, fmt.Errorf("rawdrain: unknown %v", read)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, nil, err
+	}
+	if read == Netpoll {
+		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+		return nc, func() { stop(); nc.Close() }, nil
+	}
+	// Locked before the first read, so that every read and write of the
+	// session is made by one thread, as a C client's would be.
+	runtime.LockOSThread()
+	bc, err := newBlockingConn(nc, read == BlockingRaw) // closes nc
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, nil, err
+	}
+	// No deadline reaches a blocking read: shutdown(2) ends it.
+	stop := context.AfterFunc(ctx, bc.interrupt)
+	return bc, func() { stop(); bc.Close(); runtime.UnlockOSThread() }, nil
 }
 
 // link is what a session needs of its connection: a net.Conn, or the
