@@ -43,8 +43,15 @@ func init() {
 			"(package rawdrain), which is the least any Go client can spend here, the Go runtime's " +
 			"netpoll and scheduler and the kernel's socket; and c-client, librabbitmq 0.11 " +
 			"(benchmarks/cclient, measured by itself over the same span; its recv and send calls are " +
-			"not in /proc/self/io, so it has no syscall count).",
-		Modes: []string{readmode.Upstream, readmode.Legacy, readmode.Drainer, GoFloor, CClient},
+			"not in /proc/self/io, so it has no syscall count). Two experiments beside go-floor ask issue " +
+			"#40's question, whether reading with blocking read(2) on a thread of its own would earn the " +
+			"drainer an option: go-floor-blocking is go-floor reading and writing its socket with " +
+			"blocking system calls (syscall.Read and Write) on a goroutine locked to its OS thread, from " +
+			"a descriptor the netpoller does not watch, and go-floor-rawsyscall the same through " +
+			"syscall.RawSyscall, which the Go scheduler never sees, so it neither hands off nor takes " +
+			"back the thread's P around each read. No target judges against them.",
+		Modes: []string{readmode.Upstream, readmode.Legacy, readmode.Drainer, GoFloor, CClient,
+			GoFloorBlocking, GoFloorRawSyscall},
 		Cases: []string{drainConsume, drainConsumeFunc},
 		// The references run in each case, though they use no amqp091-go API: issue #29's
 		// targets are ratios to go-floor per case, which must come from one alternation.
@@ -70,6 +77,11 @@ func init() {
 				{Label: "legacy / go-floor CPU-s per 100k", Metric: "cpu_s_per_100k", Num: "legacy", Den: GoFloor},
 				{Label: "drainer / go-floor msg/s", Metric: "msg_s", Num: "drainer", Den: GoFloor},
 				{Label: "go-floor / c-client CPU-s per 100k", Metric: "cpu_s_per_100k", Num: GoFloor, Den: CClient},
+				// Issue #40's experiment: what a blocking read saves, if anything.
+				{Label: "go-floor-blocking / go-floor CPU-s per 100k", Metric: "cpu_s_per_100k",
+					Num: GoFloorBlocking, Den: GoFloor},
+				{Label: "go-floor-rawsyscall / go-floor CPU-s per 100k", Metric: "cpu_s_per_100k",
+					Num: GoFloorRawSyscall, Den: GoFloor},
 			},
 			Targets: drainTargets(),
 			Reference: "Issue #29's goals are ratios to go-floor, measured in the same run: CPU per " +
@@ -159,7 +171,11 @@ func runDrain(ctx context.Context, env *Env, c string) (*Result, error) {
 	}
 	switch env.Mode {
 	case GoFloor:
-		return drainRaw(ctx, env, queue, n)
+		return drainRaw(ctx, env, queue, n, rawdrain.Netpoll)
+	case GoFloorBlocking:
+		return drainRaw(ctx, env, queue, n, rawdrain.Blocking)
+	case GoFloorRawSyscall:
+		return drainRaw(ctx, env, queue, n, rawdrain.BlockingRaw)
 	case CClient:
 		return drainC(ctx, env, queue, n)
 	}
@@ -305,29 +321,42 @@ func fillQueue(ctx context.Context, env *Env, queue string, n, size int) error {
 	return nil
 }
 
-// drainRaw is the go-floor variant's drain: the same queue, prefetch and
-// acks, by package rawdrain, metered over the same span as runDrain.
-func drainRaw(ctx context.Context, env *Env, queue string, n int) (*Result, error) {
+// rawNotes are the report's notes on the floors, by how they read.
+var rawNotes = map[rawdrain.Read]string{
+	rawdrain.Netpoll: "not a client; one goroutine reading raw frames (package rawdrain), " +
+		"the least a Go program spends here",
+	rawdrain.Blocking: "go-floor with blocking read(2) and write(2) (syscall.Read, Write) on a " +
+		"locked OS thread, off the netpoller: issue #40's experiment",
+	rawdrain.BlockingRaw: "go-floor-blocking through syscall.RawSyscall, unseen by the scheduler " +
+		"(no P handoff around a read): issue #40's experiment",
+}
+
+// drainRaw is the drain of the go-floor variants, which read as read
+// says: the same queue, prefetch and acks, by package rawdrain, metered
+// over the same span as runDrain.
+func drainRaw(ctx context.Context, env *Env, queue string, n int,
+	read rawdrain.Read) (*Result, error) {
 	res := NewResult()
 	var meter *costMeter
 	var meterErr error
 	received, err := rawdrain.Drain(ctx, rawdrain.Config{URL: env.URL, Queue: queue, N: n,
-		Prefetch: drainPrefetch, AckEvery: drainAckEvery}, func() { meter, meterErr = startCost(env, res) })
+		Prefetch: drainPrefetch, AckEvery: drainAckEvery, Read: read},
+		func() { meter, meterErr = startCost(env, res) })
 	if meter == nil {
 		if meterErr != nil {
 			return nil, meterErr
 		}
-		return nil, fmt.Errorf("go-floor: %w", err)
+		return nil, fmt.Errorf("%s: %w", env.Mode, err)
 	}
 	wall, stopErr := meter.stop(res, received)
 	if err != nil {
-		return nil, fmt.Errorf("go-floor: %d of %d delivered: %w", received, n, err)
+		return nil, fmt.Errorf("%s: %d of %d delivered: %w", env.Mode, received, n, err)
 	}
 	if stopErr != nil {
 		return nil, stopErr
 	}
 	res.Set("msg_s", float64(received)/wall.Seconds())
-	res.Note("go-floor: not a client; one goroutine reading raw frames (package rawdrain), the least a Go program spends here")
+	res.Note("%s: %s", env.Mode, rawNotes[read])
 	return res, nil
 }
 

@@ -18,12 +18,21 @@ var Variants = []Variant{
 	// (package rawdrain), and the C client.
 	{Name: GoFloor, Build: "pristine", Mode: GoFloor, Reference: true},
 	{Name: CClient, Build: "pristine", Mode: CClient, Reference: true},
+	// The floor read with blocking read(2) on a locked OS thread instead
+	// of through the netpoller, told of (entersyscall) and not
+	// (RawSyscall): issue #40's question whether a blocking read would
+	// earn the drainer an option. Experiments beside go-floor, not
+	// yardsticks that any target judges against.
+	{Name: GoFloorBlocking, Build: "pristine", Mode: GoFloorBlocking, Reference: true},
+	{Name: GoFloorRawSyscall, Build: "pristine", Mode: GoFloorRawSyscall, Reference: true},
 }
 
 // The reference variants' names, which are also their modes.
 const (
-	GoFloor = "go-floor"
-	CClient = "c-client"
+	GoFloor           = "go-floor"
+	CClient           = "c-client"
+	GoFloorBlocking   = "go-floor-blocking"
+	GoFloorRawSyscall = "go-floor-rawsyscall"
 )
 
 // CClientEnv names the environment variable through which the runner

@@ -59,6 +59,21 @@ func TestVariantFilters(t *testing.T) {
 	if got := names(variantsFor(withRefs, "pristine,drainer", true, false)); fmt.Sprint(got) != "[pristine drainer drainer-old]" {
 		t.Errorf("references filtered out: %v", got)
 	}
+	// The drain names every reference, issue #40's blocking floors too,
+	// and -variants picks among them.
+	drain, err := scenario.Lookup("drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const drainRefs = "[go-floor c-client go-floor-blocking go-floor-rawsyscall]"
+	got := names(variantsFor(drain.Modes, "", false, false))
+	if len(got) < 4 || fmt.Sprint(got[4:]) != drainRefs {
+		t.Errorf("the drain's variants: %v, want the four amqp091-go ones, then %s", got, drainRefs)
+	}
+	got = names(variantsFor(drain.Modes, "go-floor,go-floor-blocking", false, false))
+	if fmt.Sprint(got) != "[go-floor go-floor-blocking]" {
+		t.Errorf("-variants go-floor,go-floor-blocking in the drain: %v", got)
+	}
 }
 
 func TestFormatStat(t *testing.T) {

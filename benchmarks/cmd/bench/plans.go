@@ -68,7 +68,9 @@ var plans = map[string]suitePlan{
 	// patched build's upstream mode is left out: it must behave as
 	// pristine (upstream's own suite checks that), so it answers a
 	// maintainer's question, not a newcomer's. So is the C client, a
-	// reference shown beside the figures and never judged.
+	// reference shown beside the figures and never judged, and so are
+	// go-floor-blocking and go-floor-rawsyscall, issue #40's experiments
+	// (a maintainer's question too, and another 30 s each).
 	//
 	// The scenarios are the ones the README's headline leads with, each at
 	// a size at which it separates the variants where they differ:

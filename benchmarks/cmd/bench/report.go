@@ -73,6 +73,12 @@ func writeReport(path string, s suite, charts map[string]string, resultsDir stri
 			"allocation per message), and **%s**, the C client librabbitmq (benchmarks/cclient, built when "+
 			"its headers are installed).\n\n", scenario.GoFloor, scenario.CClient)
 	}
+	if described(scenario.GoFloorBlocking) || described(scenario.GoFloorRawSyscall) {
+		w("Beside go-floor, two experiments (issue #40): **%s**, go-floor reading its socket with "+
+			"blocking read(2) on a locked OS thread instead of through the netpoller, and **%s**, the "+
+			"same through syscall.RawSyscall, which the Go scheduler never sees. No target judges "+
+			"against them.\n\n", scenario.GoFloorBlocking, scenario.GoFloorRawSyscall)
+	}
 
 	w("## Environment\n\n| item | value |\n|---|---|\n")
 	w("| broker | RabbitMQ %s, on the same machine |\n| CPU | %d × %s |\n| Go | %s %s |\n| upstream | %s |\n",

@@ -11,6 +11,14 @@
 // cost, which no client written in Go can go below. It handles only what
 // a drain meets: any method it does not expect ends it with an error
 // naming that method.
+//
+// Config.Read chooses how the socket is read. By default it is read as
+// any Go program reads one, through package net and the runtime's network
+// poller. The blocking modes ask issue #40's question, whether reading
+// with blocking read(2) on a thread of its own would earn the drainer an
+// option: they read the same frames the same way, but from the socket's
+// descriptor taken out of the poller, on the calling goroutine locked to
+// its OS thread.
 package rawdrain
 
 import (
@@ -22,6 +30,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"runtime"
 	"strings"
 	"time"
 )
@@ -33,6 +42,42 @@ type Config struct {
 	N        int    // deliveries to receive before returning
 	Prefetch uint16 // basic.qos prefetch count
 	AckEvery int    // deliveries per multiple ack
+	Read     Read   // how the socket is read; the zero value is the netpoller
+}
+
+// Read is how Drain reads (and writes) its socket.
+type Read int
+
+const (
+	// Netpoll reads through package net: a read that finds nothing parks
+	// the goroutine, and the runtime's network poller (epoll) wakes it.
+	Netpoll Read = iota
+	// Blocking reads with blocking read(2) through syscall.Read, on the
+	// calling goroutine locked to its OS thread, from a descriptor that
+	// the poller does not watch. The runtime sees each read as a system
+	// call (entersyscall), so its scheduler may take the goroutine's P
+	// while the thread waits in the kernel.
+	Blocking
+	// BlockingRaw is Blocking through syscall.RawSyscall: the runtime
+	// never learns that the thread is in the kernel, so it keeps its P
+	// throughout, and nothing hands the P off or takes it back. The price
+	// is that a stop-the-world (a GC cycle's start) waits for the read in
+	// progress, and that with GOMAXPROCS 1 nothing else could run while it
+	// waits (Drain refuses it there). An experiment, never for a client.
+	BlockingRaw
+)
+
+// String names r as the benchmark's notes do.
+func (r Read) String() string {
+	switch r {
+	case Netpoll:
+		return "netpoll"
+	case Blocking:
+		return "blocking"
+	case BlockingRaw:
+		return "blocking-raw"
+	}
+	return fmt.Sprintf("Read(%d)", int(r))
 }
 
 // Frame types and the frame-end octet of AMQP 0-9-1 (spec 4.2.3).
@@ -116,7 +161,16 @@ func method(payload []byte) (methodID, error) {
 // Drain consumes cfg.N deliveries from cfg.Queue and returns how many it
 // received. started is called just before basic.consume, when only the
 // drain is left to measure. ctx bounds everything, the close included.
+// In a blocking mode (cfg.Read) the calling goroutine stays locked to its
+// OS thread until Drain returns.
 func Drain(ctx context.Context, cfg Config, started func()) (received int, err error) {
+	defer func() {
+		// A read that ctx ended says only "i/o timeout" or, blocking,
+		// end of file: say why.
+		if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w: %w", context.Cause(ctx), err)
+		}
+	}()
 	u, err := url.Parse(cfg.URL)
 	if err != nil {
 		return 0, err
@@ -136,14 +190,11 @@ func Drain(ctx context.Context, cfg Config, started func()) (received int, err e
 	if vhost == "" {
 		vhost = "/"
 	}
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", host)
+	conn, release, err := connect(ctx, host, cfg.Read)
 	if err != nil {
 		return 0, err
 	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer stop()
+	defer release()
 
 	s := &session{conn: conn, frames: NewFrames(conn, maxFrame), w: bufio.NewWriterSize(conn, 4096)}
 	if err := s.open(user, pass, vhost, cfg.Prefetch); err != nil {
@@ -157,9 +208,50 @@ func Drain(ctx context.Context, cfg Config, started func()) (received int, err e
 	return received, s.close()
 }
 
+// connect dials host and readies the connection to be read as read says,
+// ended by ctx. release closes it and undoes what connect did, on the
+// goroutine that called connect.
+func connect(ctx context.Context, host string, read Read) (conn link, release func(), err error) {
+	if read == BlockingRaw && runtime.GOMAXPROCS(0) < 2 {
+		// The raw read holds the only P while it waits: not even ctx's
+		// timer could run to end it.
+		return nil, nil, fmt.Errorf("rawdrain: %v needs GOMAXPROCS of 2 or more", read)
+	}
+	if read != Netpoll && read != Blocking && read != BlockingRaw {
+		return nil, nil, fmt.Errorf("rawdrain: unknown %v", read)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", host)
+	if err != nil {
+		return nil, nil, err
+	}
+	if read == Netpoll {
+		stop := context.AfterFunc(ctx, func() { _ = nc.SetDeadline(time.Now()) })
+		return nc, func() { stop(); nc.Close() }, nil
+	}
+	// Locked before the first read, so that every read and write of the
+	// session is made by one thread, as a C client's would be.
+	runtime.LockOSThread()
+	bc, err := newBlockingConn(nc, read == BlockingRaw) // closes nc
+	if err != nil {
+		runtime.UnlockOSThread()
+		return nil, nil, err
+	}
+	// No deadline reaches a blocking read: shutdown(2) ends it.
+	stop := context.AfterFunc(ctx, bc.interrupt)
+	return bc, func() { stop(); bc.Close(); runtime.UnlockOSThread() }, nil
+}
+
+// link is what a session needs of its connection: a net.Conn, or the
+// socket read and written with blocking system calls (blockingConn).
+type link interface {
+	io.ReadWriter
+	SetReadDeadline(t time.Time) error
+}
+
 // session is one connection with channel 1 open.
 type session struct {
-	conn   net.Conn
+	conn   link
 	frames *Frames
 	w      *bufio.Writer
 	args   []byte // scratch for a method's arguments
