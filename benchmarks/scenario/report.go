@@ -115,7 +115,7 @@ const (
 	// WithinNoise: the medians miss the target, but the repetitions'
 	// ranges reach it (Target.Reach), so the run cannot tell a miss from
 	// the machine's noise; more repetitions decide. A "no" is then kept
-	// for a figure that every repetition says missed: a regression.
+	// for a figure that even the ranges' most favourable pairing misses.
 	WithinNoise
 )
 
