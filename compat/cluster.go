@@ -156,6 +156,9 @@ func DialCluster(ctx context.Context, urls []string, mode Mode, opts ...Option) 
 	if cl.dial == nil {
 		cl.dial = (&net.Dialer{}).DialContext
 	}
+	if o.blocking {
+		cl.dial = blockingDial(cl.dial, cl.attemptTimeout)
+	}
 	return cl.passes(ctx, rp, list)
 }
 

@@ -34,12 +34,17 @@
 package compat
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
 	"os"
 	"strings"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/drainer"
 )
 
 // Mode selects how a connection reads its socket.
@@ -108,6 +113,8 @@ type options struct {
 	drainer amqp.DrainerOptions
 	legacy  amqp.LegacyOptions
 	cluster cluster // DialCluster's options (cluster.go)
+	// blocking: sockets read with blocking system calls (WithBlockingRead)
+	blocking bool
 }
 
 // WithDrainerOptions tunes drainer mode (budget, close timeout). Other
@@ -122,6 +129,16 @@ func WithLegacyOptions(o amqp.LegacyOptions) Option {
 	return func(opts *options) { opts.legacy = o }
 }
 
+// WithBlockingRead reads the connection's socket with blocking system calls on the
+// reading goroutine's thread instead of through Go's network poller (see
+// drainer.BlockingDialer: it costs an OS thread per connection, and pays where a few
+// connections carry many messages). Every Dial function of this package honours it, and
+// the connection's recoveries too. Drainer and Upstream modes only: legacy modes cut a
+// read short for every write, which a blocked read(2) does not allow, and refuse it.
+func WithBlockingRead() Option {
+	return func(o *options) { o.blocking = true }
+}
+
 // ReadPath returns the amqp.Config.ReadPath of mode. For Upstream it is
 // amqp.Upstream(), not nil, so that an explicit choice of upstream's reader
 // holds whatever process default (amqp.SetDefaultReadPath,
@@ -130,6 +147,10 @@ func ReadPath(mode Mode, opts ...Option) (amqp.ReadPath, error) {
 	var o options
 	for _, opt := range opts {
 		opt(&o)
+	}
+	if o.blocking && (mode == Legacy || mode == LegacyAutoDrain) {
+		return nil, fmt.Errorf("compat: WithBlockingRead needs the drainer or upstream mode, not %v: "+
+			"legacy cuts a read short for each write, which a blocked read(2) does not allow", mode)
 	}
 	switch mode {
 	case Upstream:
@@ -166,5 +187,33 @@ func DialConfig(url string, cfg amqp.Config, mode Mode, opts ...Option) (*amqp.C
 		return nil, err
 	}
 	cfg.ReadPath = rp
+	if collect(opts).blocking {
+		timeout := upstreamConnectionTimeout // the handshake's bound, as amqp.DialConfig's
+		if uri, err := amqp.ParseURI(url); err == nil && uri.ConnectionTimeout > 0 {
+			timeout = time.Duration(uri.ConnectionTimeout) * time.Millisecond
+		}
+		cfg.Dial = drainer.BlockingDialer(cfg.Dial, timeout)
+	}
 	return amqp.DialConfig(url, cfg)
+}
+
+// collect applies opts to a zero options.
+func collect(opts []Option) options {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	return o
+}
+
+// blockingDial is dial, whose sockets are read with blocking system calls
+// (WithBlockingRead); timeout is the handshake's bound until the caller sets its own.
+func blockingDial(dial DialFunc, timeout time.Duration) DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return drainer.BlockingConn(conn, timeout)
+	}
 }

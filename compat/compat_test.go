@@ -108,3 +108,72 @@ func TestDialRejectsAnUnknownMode(t *testing.T) {
 		t.Fatal("Dial accepted Mode(42)")
 	}
 }
+
+// TestWithBlockingRead: the drainer and upstream modes work over blocking reads, through
+// DialConfig and DialContext alike, and the legacy modes refuse them with a reason.
+func TestWithBlockingRead(t *testing.T) {
+	for _, mode := range []compat.Mode{compat.Drainer, compat.Upstream} {
+		t.Run(mode.String(), func(t *testing.T) {
+			conn, err := compat.DialConfig(testenv.AMQPURL(t), amqp.Config{}, mode, compat.WithBlockingRead())
+			if err != nil {
+				t.Fatal(err)
+			}
+			confirmAndConsume(t, conn)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			conn, err = compat.DialContext(ctx, testenv.AMQPURL(t), mode, compat.WithBlockingRead())
+			if err != nil {
+				t.Fatal(err)
+			}
+			confirmAndConsume(t, conn)
+		})
+	}
+	for _, mode := range []compat.Mode{compat.Legacy, compat.LegacyAutoDrain} {
+		_, err := compat.Dial(testenv.AMQPURL(t), mode, compat.WithBlockingRead())
+		if err == nil || !strings.Contains(err.Error(), "WithBlockingRead") {
+			t.Errorf("%v with WithBlockingRead: %v, want a refusal that names it", mode, err)
+		}
+	}
+}
+
+// confirmAndConsume publishes a message with a confirm, consumes it back, and closes conn.
+func confirmAndConsume(t *testing.T, conn *amqp.Connection) {
+	t.Helper()
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	q, err := ch.QueueDeclare("", false, true, true, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", q.Name, false, false,
+		amqp.Publishing{Body: []byte("over a blocking read")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		t.Fatalf("confirm: %v, %v", ok, err)
+	}
+	deliveries, err := ch.Consume(q.Name, "", true, false, false, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case d := <-deliveries:
+		if string(d.Body) != "over a blocking read" {
+			t.Fatalf("delivered %q", d.Body)
+		}
+	case <-ctx.Done():
+		t.Fatal("the message never came back")
+	}
+	if err := conn.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}

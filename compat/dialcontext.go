@@ -110,6 +110,9 @@ func dialContext(ctx context.Context, fn, url string, cfg amqp.Config, mode Mode
 	if dial == nil {
 		dial = (&net.Dialer{}).DialContext
 	}
+	if o.blocking {
+		dial = blockingDial(dial, timeout)
+	}
 	cfg.ReadPath = rp
 	cfg.TLSClientConfig = cfg.TLSClientConfig.Clone()
 	cfg.Properties = maps.Clone(cfg.Properties)

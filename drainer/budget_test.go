@@ -50,7 +50,7 @@ func TestBudgetBoundsAConsumerThatDoesNotRead(t *testing.T) {
 		size   = 128 << 10
 		count  = 512 // 64 MiB in all: eight budgets
 	)
-	conn, err := drainer.Dial(testenv.AMQPURL(t), drainer.Options{Budget: budget})
+	conn, err := drainerDial(testenv.AMQPURL(t), amqp.Config{}, drainer.Options{Budget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package drainer_test
 import (
 	"testing"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/amqp091-drainer/amqp091-drainer/drainer"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
 )
@@ -18,7 +20,7 @@ import (
 func TestNoDeliveryAfterCloseBegins(t *testing.T) {
 	const trials = 3
 	for i := 0; i < trials; i++ {
-		conn, err := drainer.Dial(brokerURL(t), drainer.Options{})
+		conn, err := drainerDial(brokerURL(t), amqp.Config{}, drainer.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -51,7 +51,7 @@ func pooledBody(i, size int) []byte {
 // after every delivery was handled, with nothing left behind (goleak).
 func TestConsumeFuncPoisonsRecycledBodies(t *testing.T) {
 	const n, size = 50, 4096
-	conn, err := drainer.Dial(testenv.AMQPURL(t), drainer.Options{})
+	conn, err := drainerDial(testenv.AMQPURL(t), amqp.Config{}, drainer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +91,7 @@ func TestConsumeFuncPoisonsRecycledBodies(t *testing.T) {
 // second consumer gets every message the first did not acknowledge.
 func TestConsumeFuncHandlerErrorRequeues(t *testing.T) {
 	const n, size = 20, 512
-	conn, err := drainer.Dial(testenv.AMQPURL(t), drainer.Options{})
+	conn, err := drainerDial(testenv.AMQPURL(t), amqp.Config{}, drainer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestConsumeFuncHandlerErrorRequeues(t *testing.T) {
 // TestConsumeFuncEndsWithTheConnection: closing the connection while
 // ConsumeFunc runs ends it with an error, not a hang.
 func TestConsumeFuncEndsWithTheConnection(t *testing.T) {
-	conn, err := drainer.Dial(testenv.AMQPURL(t), drainer.Options{})
+	conn, err := drainerDial(testenv.AMQPURL(t), amqp.Config{}, drainer.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestConsumeFuncEndsWithTheConnection(t *testing.T) {
 // still being assembled never pause the drainer.
 func TestMessageLargerThanTheBudgetArrives(t *testing.T) {
 	const budget, size = 256 << 10, 4 << 20 // 32 frames of 128 KiB
-	conn, err := drainer.Dial(testenv.AMQPURL(t), drainer.Options{Budget: budget})
+	conn, err := drainerDial(testenv.AMQPURL(t), amqp.Config{}, drainer.Options{Budget: budget})
 	if err != nil {
 		t.Fatal(err)
 	}

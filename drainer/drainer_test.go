@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -18,6 +19,18 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// blockingReads runs this package's tests over drainer.BlockingDialer's sockets, set by
+// AMQP091_DRAINER_TEST_BLOCKING_READ=1: scripts/test runs the package so a second time.
+var blockingReads = os.Getenv("AMQP091_DRAINER_TEST_BLOCKING_READ") == "1"
+
+// drainerDial is drainer.DialConfig, through drainer.BlockingDialer when blockingReads.
+func drainerDial(url string, cfg amqp.Config, opts drainer.Options) (*amqp.Connection, error) {
+	if blockingReads {
+		cfg.Dial = drainer.BlockingDialer(cfg.Dial, 0)
+	}
+	return drainer.DialConfig(url, cfg, opts)
+}
+
 // dial opens a drainer-mode connection to url (the test broker by default),
 // closed when the test ends.
 func dial(t *testing.T, url string, cfg amqp.Config) *amqp.Connection {
@@ -25,7 +38,7 @@ func dial(t *testing.T, url string, cfg amqp.Config) *amqp.Connection {
 	if url == "" {
 		url = testenv.AMQPURL(t)
 	}
-	conn, err := drainer.DialConfig(url, cfg, drainer.Options{})
+	conn, err := drainerDial(url, cfg, drainer.Options{})
 	if err != nil {
 		t.Fatalf("dial in drainer mode: %v", err)
 	}

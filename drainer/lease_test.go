@@ -105,7 +105,7 @@ func publishConfirmed(t *testing.T, ctx context.Context, conn *amqp.Connection, 
 func TestLeaseHandlerBlockedStallsNobody(t *testing.T) {
 	const n, blockAt = 60, 40
 	spy := newReaderSpy()
-	conn, err := drainer.DialConfig(testenv.AMQPURL(t), amqp.Config{Heartbeat: time.Second},
+	conn, err := drainerDial(testenv.AMQPURL(t), amqp.Config{Heartbeat: time.Second},
 		drainer.Options{Observer: spy.observer()})
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +225,7 @@ func TestLeaseHandlerBlockedForeverWhileAnotherChannelConfirms(t *testing.T) {
 	})
 
 	spy := newReaderSpy()
-	conn, err := drainer.Dial(peer.URL(), drainer.Options{Observer: spy.observer()})
+	conn, err := drainerDial(peer.URL(), amqp.Config{}, drainer.Options{Observer: spy.observer()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,7 +131,7 @@ func TestCloseIsBoundedWhenTheBrokerStopsReading(t *testing.T) {
 		return watch, err
 	}}
 	const closeTimeout = time.Second
-	conn, err := drainer.DialConfig(peer.URL(), cfg, drainer.Options{CloseTimeout: closeTimeout})
+	conn, err := drainerDial(peer.URL(), cfg, drainer.Options{CloseTimeout: closeTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestCloseUnderLoad(t *testing.T) {
 	var times []time.Duration
 	timedOut := 0
 	for i := 0; i < trials; i++ {
-		conn, err := drainer.Dial(brokerURL(t), drainer.Options{CloseTimeout: time.Second})
+		conn, err := drainerDial(brokerURL(t), amqp.Config{}, drainer.Options{CloseTimeout: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}

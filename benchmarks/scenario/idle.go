@@ -8,6 +8,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/readmode"
 )
 
 // Reference 3 and upstream-baseline E: what idle connections cost the
@@ -52,6 +54,8 @@ func init() {
 			"connection is probed by opening a channel, to count those the broker closed during the " +
 			"window. Legacy connections get no calls at all, as an application that only publishes " +
 			"now and then would leave them, so nothing sends their heartbeats.",
+		// drainer-blocking's price is here: an OS thread per connection (issue #40).
+		Modes:   []string{readmode.Upstream, readmode.Legacy, readmode.Drainer, DrainerBlocking},
 		Reps:    1, // 30 s of idleness per variant is the scenario; repetitions would double the suite
 		Timeout: 2 * time.Minute,
 		Run:     runIdle,
@@ -65,6 +69,7 @@ func init() {
 				{Label: "heap KiB / conn", Metric: "heap_kib_per_conn", Digits: 1},
 				{Label: "stack KiB / conn", Metric: "stack_kib_per_conn", Digits: 1},
 				{Label: "goroutines / conn", Metric: "goroutines_per_conn", Digits: 2},
+				{Label: "threads / conn", Metric: "threads_per_conn", Digits: 2},
 				{Label: "wake-ups / s", Metric: "ctx_switches_per_s", Digits: 0},
 				{Label: "closed during idle", Metric: "dead_after_idle"},
 			},
@@ -72,6 +77,9 @@ func init() {
 				{Label: "drainer CPU / pristine CPU", Metric: "cpu_ms", Num: "drainer", Den: "pristine"},
 				{Label: "legacy CPU / pristine CPU", Metric: "cpu_ms", Num: "legacy", Den: "pristine"},
 				{Label: "drainer RSS / pristine RSS", Metric: "rss_kib_per_conn", Num: "drainer", Den: "pristine"},
+				{Label: "drainer-blocking CPU / drainer CPU", Metric: "cpu_ms", Num: DrainerBlocking, Den: "drainer"},
+				{Label: "drainer-blocking RSS / drainer RSS", Metric: "rss_kib_per_conn", Num: DrainerBlocking,
+					Den: "drainer"},
 			},
 			Targets: []Target{
 				atMostRatio("drainer CPU at most 0.5× pristine upstream's",
@@ -140,6 +148,7 @@ func runIdle(ctx context.Context, env *Env, _ string) (*Result, error) {
 	res.Set("heap_kib_per_conn", per(loaded.heapInuse-before.heapInuse)/1024)
 	res.Set("stack_kib_per_conn", per(loaded.stackInuse-before.stackInuse)/1024)
 	res.Set("goroutines_per_conn", per(int64(loaded.goroutines-before.goroutines)))
+	res.Set("threads_per_conn", per(loaded.threads-before.threads))
 
 	// Closed during the window: as the client saw it, and as a round trip
 	// to the broker finds it. They differ where nothing reads the socket

@@ -70,6 +70,7 @@ type memSample struct {
 	heapInuse  int64 // bytes in in-use heap spans
 	stackInuse int64 // bytes of goroutine stacks
 	goroutines int
+	threads    int64 // OS threads (Threads): one per blocking read in progress
 }
 
 // sampleMem collects garbage, then reads VmRSS from /proc/self/status and
@@ -84,7 +85,12 @@ func sampleMem() (memSample, error) {
 	if err != nil {
 		return memSample{}, err
 	}
+	threads, err := statusField("Threads:")
+	if err != nil {
+		return memSample{}, err
+	}
 	return memSample{
+		threads:    threads,
 		rss:        rss,
 		heapInuse:  int64(ms.HeapInuse),
 		stackInuse: int64(ms.StackInuse),
@@ -94,24 +100,31 @@ func sampleMem() (memSample, error) {
 
 // vmRSS returns the VmRSS line of /proc/self/status in bytes.
 func vmRSS() (int64, error) {
+	kb, err := statusField("VmRSS:")
+	return kb << 10, err
+}
+
+// statusField returns the number that follows field in /proc/self/status:
+// "VmRSS:	   12345 kB" (kB) or "Threads:	7".
+func statusField(field string) (int64, error) {
 	status, err := os.ReadFile("/proc/self/status")
 	if err != nil {
-		return 0, fmt.Errorf("read RSS: %w", err)
+		return 0, fmt.Errorf("read /proc/self/status: %w", err)
 	}
 	sc := bufio.NewScanner(bytes.NewReader(status))
 	for sc.Scan() {
-		// The line reads "VmRSS:	   12345 kB".
-		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte("VmRSS:"))
+		rest, ok := bytes.CutPrefix(sc.Bytes(), []byte(field))
 		if !ok {
 			continue
 		}
-		kb, err := strconv.ParseInt(string(bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(rest), []byte("kB")))), 10, 64)
+		num := bytes.TrimSpace(bytes.TrimSuffix(bytes.TrimSpace(rest), []byte("kB")))
+		n, err := strconv.ParseInt(string(num), 10, 64)
 		if err != nil {
-			return 0, fmt.Errorf("parse VmRSS %q: %w", rest, err)
+			return 0, fmt.Errorf("parse %s %q: %w", field, rest, err)
 		}
-		return kb << 10, nil
+		return n, nil
 	}
-	return 0, fmt.Errorf("no VmRSS in /proc/self/status")
+	return 0, fmt.Errorf("no %s in /proc/self/status", field)
 }
 
 // sampleSyscalls returns syscr + syscw from /proc/self/io: the read and

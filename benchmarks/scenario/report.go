@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/internal/readmode"
 )
 
 // Variants are the four builds-and-modes every scenario compares, in the
@@ -13,6 +15,11 @@ var Variants = []Variant{
 	{Name: "upstream", Build: "patched", Mode: "upstream"},
 	{Name: "legacy", Build: "patched", Mode: "legacy"},
 	{Name: "drainer", Build: "patched", Mode: "drainer"},
+	// The drainer with its socket read by blocking system calls
+	// (compat.WithBlockingRead), issue #40's option: where it saves CPU
+	// (the drain) and where its thread per connection shows (the idle
+	// connections).
+	{Name: DrainerBlocking, Build: "patched", Mode: DrainerBlocking, OptIn: true},
 	// References that are not amqp091-go, run only by the scenarios that
 	// list their Mode (the drain): what a Go program spends at the least
 	// (package rawdrain), and the C client.
@@ -33,6 +40,8 @@ const (
 	CClient           = "c-client"
 	GoFloorBlocking   = "go-floor-blocking"
 	GoFloorRawSyscall = "go-floor-rawsyscall"
+	// DrainerBlocking is the drainer with compat.WithBlockingRead.
+	DrainerBlocking = readmode.DrainerBlocking
 )
 
 // CClientEnv names the environment variable through which the runner
@@ -51,6 +60,10 @@ type Variant struct {
 	// Reference marks a variant that is not amqp091-go but a yardstick
 	// for it: only a scenario whose Modes name its Mode runs it.
 	Reference bool `json:"reference,omitempty"`
+	// OptIn marks a variant of amqp091-go with an option on that only a
+	// scenario whose Modes name its Mode runs: it answers that
+	// scenario's question, and would only lengthen the others.
+	OptIn bool `json:"opt_in,omitempty"`
 }
 
 // A Report says how BENCHMARKS.md presents a scenario: a table with a row

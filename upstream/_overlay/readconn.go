@@ -249,6 +249,13 @@ func (w *socketWriter) Write(p []byte) (int, error) {
 	return n, w.end.explain(err)
 }
 
+// vectorWriter is a socket with a writev of its own: drainer.BlockingDialer's, which
+// net.Buffers.WriteTo would write with a write(2) per buffer, since only the net
+// package's sockets have its vectored path.
+type vectorWriter interface {
+	WriteBuffers(v *net.Buffers) (int64, error)
+}
+
 // writeVectors is Write for a publish's buffers: one writev on a socket.
 func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	if w.guard != nil {
@@ -256,7 +263,13 @@ func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 		defer w.guard.unlock()
 	}
 	w.counts.writingVectors(*v)
-	n, err := v.WriteTo(w.conn)
+	var n int64
+	var err error
+	if vw, ok := w.conn.(vectorWriter); ok {
+		n, err = vw.WriteBuffers(v)
+	} else {
+		n, err = v.WriteTo(w.conn)
+	}
 	w.counts.writes.Add(1)
 	w.counts.bytesOut.Add(uint64(n))
 	w.sent.Add(uint64(n))

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,8 +68,13 @@ func TestVariantFilters(t *testing.T) {
 	}
 	const drainRefs = "[go-floor c-client go-floor-blocking go-floor-rawsyscall]"
 	got := names(variantsFor(drain.Modes, "", false, false))
-	if len(got) < 4 || fmt.Sprint(got[4:]) != drainRefs {
-		t.Errorf("the drain's variants: %v, want the four amqp091-go ones, then %s", got, drainRefs)
+	if len(got) < 5 || fmt.Sprint(got[:5]) != "[pristine upstream legacy drainer drainer-blocking]" ||
+		fmt.Sprint(got[5:]) != drainRefs {
+		t.Errorf("the drain's variants: %v, want the five amqp091-go ones, then %s", got, drainRefs)
+	}
+	// An opt-in variant runs only where a scenario names it.
+	if got := names(variantsFor(nil, "", false, false)); slices.Contains(got, scenario.DrainerBlocking) {
+		t.Errorf("a scenario that names no mode runs %v", got)
 	}
 	got = names(variantsFor(drain.Modes, "go-floor,go-floor-blocking", false, false))
 	if fmt.Sprint(got) != "[go-floor go-floor-blocking]" {
@@ -196,7 +202,7 @@ func TestApplyPlan(t *testing.T) {
 	if cfg.report != ".cache/bench/quick/BENCHMARKS.md" || cfg.results != ".cache/bench/quick" {
 		t.Errorf("quick writes %s and %s, want its report under .cache/bench/quick", cfg.report, cfg.results)
 	}
-	if cfg.variants != "pristine,legacy,drainer,go-floor" || cfg.reps != 3 {
+	if cfg.variants != "pristine,legacy,drainer,drainer-blocking,go-floor" || cfg.reps != 3 {
 		t.Errorf("quick: variants %q, reps %d", cfg.variants, cfg.reps)
 	}
 	if cfg.messagesFor("drain") != 50_000 || cfg.messagesFor("throughput") != 0 {
@@ -251,8 +257,10 @@ func TestApplyPlan(t *testing.T) {
 }
 
 // The quick plan's measurements: the cases and sizes it names, in
-// pristine, legacy and drainer, and go-floor in the drain, whose targets
-// are ratios to it; never the C client, even where it could be built.
+// pristine, legacy and drainer, and drainer-blocking and go-floor in the
+// drain, whose targets are ratios to go-floor; never the C client, even
+// where it could be built. The throughput's parity targets get 5
+// repetitions.
 func TestQuickPlanMeasurements(t *testing.T) {
 	cfg, err := applyPlan(config{plan: "quick"}, nil)
 	if err != nil {
@@ -266,7 +274,7 @@ func TestQuickPlanMeasurements(t *testing.T) {
 	for _, g := range p.groups {
 		for _, m := range g {
 			switch v := m.variant.Name; {
-			case v == scenario.GoFloor && m.scenario.Name == "drain":
+			case (v == scenario.GoFloor || v == scenario.DrainerBlocking) && m.scenario.Name == "drain":
 			case v != "pristine" && v != "legacy" && v != "drainer":
 				t.Errorf("%s %s runs in %s", m.scenario.Name, m.c, v)
 			}
@@ -276,20 +284,20 @@ func TestQuickPlanMeasurements(t *testing.T) {
 			runs[joinNonEmpty(m.scenario.Name, m.c)]++
 		}
 	}
-	want := map[string]int{"stalled-consumer": 9, "stalled-listener b=rpc": 9, "throughput publishers=10": 9,
-		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 12, "drain api=consumefunc": 12,
+	want := map[string]int{"stalled-consumer": 9, "stalled-listener b=rpc": 9, "throughput publishers=10": 15,
+		"bounded-shutdown broker-stops-reading": 9, "drain api=consume": 15, "drain api=consumefunc": 15,
 		"roundtrip size=4096": 9}
 	if fmt.Sprint(runs) != fmt.Sprint(want) {
 		t.Errorf("runs per case: %v, want %v", runs, want)
 	}
 	for _, c := range []string{"api=consume", "api=consumefunc"} {
-		if got := p.variantsOf("drain", c); fmt.Sprint(got) != "[pristine legacy drainer go-floor]" {
-			t.Errorf("drain %s planned in %v, want go-floor beside the three", c, got)
+		if got := p.variantsOf("drain", c); fmt.Sprint(got) != "[pristine legacy drainer drainer-blocking go-floor]" {
+			t.Errorf("drain %s planned in %v, want drainer-blocking and go-floor beside the three", c, got)
 		}
 	}
 	var out strings.Builder
 	printPlan(&out, cfg, p)
-	if !strings.Contains(out.String(), "69 measurements; then: none") {
+	if !strings.Contains(out.String(), "81 measurements; then: none") {
 		t.Errorf("-dry-run:\n%s", out.String())
 	}
 }

@@ -106,6 +106,9 @@ type config struct {
 	// (all when absent) and its message count (-n) where it sets one.
 	cases map[string][]string
 	sizes map[string]int
+	// scenarioReps are the plan's repetitions of a scenario, where they
+	// are not cfg.reps.
+	scenarioReps map[string]int
 }
 
 func runSuite(ctx context.Context, cfg config) error {
@@ -289,11 +292,11 @@ func variantsFor(modes []string, filter string, baseline, coalesce bool) []scena
 		if filter != "" && !contains(strings.Split(filter, ","), v.Name) {
 			continue
 		}
-		if (len(modes) > 0 || v.Reference) && !contains(modes, v.Mode) {
+		if (len(modes) > 0 || v.Reference || v.OptIn) && !contains(modes, v.Mode) {
 			continue
 		}
 		out = append(out, v)
-		if baseline && v.Build == "patched" {
+		if baseline && v.Build == "patched" && !v.OptIn { // an earlier build may not have the option
 			out = append(out, scenario.Variant{Name: v.Name + "-old", Build: "baseline", Mode: v.Mode})
 		}
 		if coalesce && v.Build == "patched" && v.Mode != "upstream" {

@@ -114,6 +114,9 @@ func makePlan(cfg config, all []listing, withCClient bool) (plan, error) {
 		if s.QuickReps > 0 && cfg.quick {
 			reps = s.QuickReps
 		}
+		if r, ok := cfg.scenarioReps[s.Name]; ok {
+			reps = r
+		}
 		variants := variantsFor(s.Modes, cfg.variants, cfg.baseline != "", cfg.coalesce)
 		if !withCClient {
 			variants = slices.DeleteFunc(variants, func(v scenario.Variant) bool { return v.Name == scenario.CClient })

@@ -200,8 +200,9 @@ func timelineSummary(sr scenarioResult, cr caseResult) string {
 	var others []string
 	for _, v := range scenario.Variants {
 		// The references (the drain's go-floor and c-client) are not
-		// amqp091-go: they have no mode to say n/a of.
-		if !v.Reference && !slices.Contains(cr.Variants, v.Name) {
+		// amqp091-go: they have no mode to say n/a of; an opt-in variant
+		// runs only where it is asked for.
+		if !v.Reference && !v.OptIn && !slices.Contains(cr.Variants, v.Name) {
 			others = append(others, v.Name)
 		}
 	}

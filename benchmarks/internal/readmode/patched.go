@@ -21,11 +21,15 @@ func Modes() []string { return []string{Upstream, Legacy, Drainer} }
 
 // DialConfig dials url with cfg in the named read mode.
 func DialConfig(url string, cfg amqp.Config, mode string) (*amqp.Connection, error) {
+	var opts []compat.Option
+	if mode == DrainerBlocking {
+		mode = Drainer
+		opts = append(opts, compat.WithBlockingRead())
+	}
 	m, err := compat.ParseMode(mode)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnsupported, err)
 	}
-	var opts []compat.Option
 	if os.Getenv(CoalesceEnv) == "1" {
 		opts = append(opts, compat.WithDrainerOptions(amqp.DrainerOptions{CoalescePublishes: true}),
 			compat.WithLegacyOptions(amqp.LegacyOptions{CoalescePublishes: true}))

@@ -17,6 +17,10 @@ const (
 	// (LegacyOptions.AutoDrain). It is not one of the suite's variants:
 	// a scenario dials it in place of Legacy where a case asks for it.
 	LegacyAutoDrain = "legacy-autodrain"
+	// DrainerBlocking is the drainer with its socket read by blocking
+	// system calls (compat.WithBlockingRead): a variant of the drain and
+	// the idle connections only.
+	DrainerBlocking = "drainer-blocking"
 )
 
 // ErrUnsupported is returned for a mode this build does not have.
