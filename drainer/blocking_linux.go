@@ -284,6 +284,11 @@ func (c *blockingConn) Close() error {
 	return c.closeErr
 }
 
+// ReadBlocksThread tells the drainer that a read blocks its thread in the kernel, so that
+// its goroutine lets the goroutines it readied run before it reads (the amqp091 package's
+// threadReader).
+func (c *blockingConn) ReadBlocksThread() {}
+
 // LocalAddr is the socket's local address.
 func (c *blockingConn) LocalAddr() net.Addr { return c.local }
 

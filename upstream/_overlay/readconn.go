@@ -152,6 +152,20 @@ func (b *readBase) initGen(g *readGen, conn io.ReadWriteCloser) {
 	g.read.split.counts = &b.io
 	g.read.cr = &contentReader{}
 	g.read.nc, _ = conn.(net.Conn)
+	g.read.blocksThread = readsBlockThread(conn)
+}
+
+// threadReader is a socket whose reads block their OS thread in the kernel instead of
+// parking a goroutine on the network poller: drainer.BlockingDialer's.
+type threadReader interface{ ReadBlocksThread() }
+
+// readsBlockThread reports whether conn, or the socket under its TLS, is a threadReader.
+func readsBlockThread(conn io.ReadWriteCloser) bool {
+	if tc, ok := conn.(interface{ NetConn() net.Conn }); ok {
+		conn = tc.NetConn()
+	}
+	_, ok := conn.(threadReader)
+	return ok
 }
 
 // clock is the heartbeat clock: a zero interval until tune has set one.

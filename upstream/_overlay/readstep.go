@@ -51,6 +51,9 @@ type readState struct {
 	// hookFirst: legacy's fill hooks ctx to the read at once, because frames come slower
 	// than cancelHookDelay (legacy.go).
 	hookFirst bool
+	// blocksThread: the socket's reads block their thread in the kernel (threadReader), so
+	// the drainer's holder yields before each (drainConn.fill).
+	blocksThread bool
 }
 
 // stepLimits are what a reader adds to the heartbeat's deadline.
