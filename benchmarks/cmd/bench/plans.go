@@ -88,15 +88,15 @@ var plans = map[string]suitePlan{
 	//     (upstream's reader gives up on a full listener after 5 s). The
 	//     b=confirm case tells the same story at the same cost.
 	//   - throughput, publishers=10: parity of the enqueued rate and the
-	//     publish P99 on a shared connection; full size (4 s). At 100
-	//     publishers the broker, sharing the 2 cores, is the bottleneck
-	//     and the variants differ less. 5 repetitions, not 3: its P99
-	//     ranges over 5× from run to run in every variant (0.16–0.82 ms
-	//     pristine, 0.05–0.66 ms drainer, 8 reps each on 2026-12-05), and
-	//     a parity target is missed beyond the noise (every repetition of
-	//     one side beyond every one of the other) by two variants that
-	//     are the same in 1 run of 20 at 3 repetitions each, 1 in 252 at
-	//     5: a fresh clone's make bench met that 1 in 20 once. About 50 s.
+	//     publish P95 on a shared connection (its P99, the broker's
+	//     backpressure, is shown: throughput.go says why it is not
+	//     judged); full size (4 s). At 100 publishers the broker, sharing
+	//     the 2 cores, is the bottleneck and the variants differ less. 5
+	//     repetitions, not 3: its enqueued rate ranges over ±10% from run
+	//     to run, and a parity target is missed beyond the noise (every
+	//     repetition of one side beyond every one of the other) by two
+	//     variants that are the same in 1 run of 20 at 3 repetitions
+	//     each, 1 in 252 at 5. About 50 s.
 	//   - bounded-shutdown, case broker-stops-reading: Close deadlocks in
 	//     pristine (20 of 20) and returns within CloseTimeout in the
 	//     patched modes; fixed by what it measures (an 8 s bound).
