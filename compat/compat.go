@@ -144,10 +144,7 @@ func WithBlockingRead() Option {
 // holds whatever process default (amqp.SetDefaultReadPath,
 // AMQP091_READ_MODE) is set.
 func ReadPath(mode Mode, opts ...Option) (amqp.ReadPath, error) {
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := collect(opts)
 	if o.blocking && (mode == Legacy || mode == LegacyAutoDrain) {
 		return nil, fmt.Errorf("compat: WithBlockingRead needs the drainer or upstream mode, not %v: "+
 			"legacy cuts a read short for each write, which a blocked read(2) does not allow", mode)

@@ -84,10 +84,7 @@ func dialContext(ctx context.Context, fn, url string, cfg amqp.Config, mode Mode
 	if ctx == nil {
 		return nil, fmt.Errorf("compat: %s: nil context", fn)
 	}
-	var o options
-	for _, opt := range opts {
-		opt(&o)
-	}
+	o := collect(opts)
 	rp, err := ReadPath(mode, opts...)
 	if err != nil {
 		return nil, err

@@ -137,8 +137,7 @@
 // socket empty then sleeps in the kernel and wakes when bytes arrive,
 // where the poller parks the goroutine and wakes it through another
 // thread. In the drain benchmark it cut the drainer's CPU per delivery by
-// about a third, for the Consume chan and ConsumeFunc alike
-// (docs/benchmarking.md). The price is an OS thread per connection, idle
+// 45% with a Consume chan and 28% with ConsumeFunc (docs/benchmarking.md). The price is an OS thread per connection, idle
 // or not: worth it for a few busy connections, not for thousands of idle
 // ones, and capped at MaxBlockingConns per process. Heartbeats, deadlines,
 // TLS, recovery and the bounded Close all hold (Close ends a blocked read

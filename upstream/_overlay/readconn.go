@@ -175,7 +175,9 @@ func (g *readGen) clock() heartbeatClock {
 
 // writer is the generation's socket writer, with guard (legacy's transport lock) or nil.
 func (b *readBase) writer(g *readGen, guard writeGuard) *socketWriter {
-	return &socketWriter{conn: g.conn, end: &g.genEnd, counts: &b.io, sent: &g.sent, guard: guard}
+	vectors, _ := g.conn.(vectorWriter)
+	return &socketWriter{conn: g.conn, vectors: vectors, end: &g.genEnd, counts: &b.io, sent: &g.sent,
+		guard: guard}
 }
 
 // interrupt cuts short a read in progress with a deadline of now. Its reader sees a
@@ -238,11 +240,12 @@ func (b *readBase) countOpened() {
 // counts every byte, the heartbeat duty sees every write (sent), and legacy's transport
 // guard is taken around every write.
 type socketWriter struct {
-	conn   io.Writer
-	end    *genEnd
-	counts *ioCounters    // the connection's, for Stats
-	sent   *atomic.Uint64 // the generation's bytes written, for the heartbeat duty
-	guard  writeGuard     // if not nil, held around each write: legacy's transport lock
+	conn    io.Writer
+	vectors vectorWriter // conn's own writev, if it has one; found once, not per publish
+	end     *genEnd
+	counts  *ioCounters    // the connection's, for Stats
+	sent    *atomic.Uint64 // the generation's bytes written, for the heartbeat duty
+	guard   writeGuard     // if not nil, held around each write: legacy's transport lock
 }
 
 // writeGuard is held around every write of a socketWriter that has one.
@@ -279,8 +282,8 @@ func (w *socketWriter) writeVectors(v *net.Buffers) (int64, error) {
 	w.counts.writingVectors(*v)
 	var n int64
 	var err error
-	if vw, ok := w.conn.(vectorWriter); ok {
-		n, err = vw.WriteBuffers(v)
+	if w.vectors != nil {
+		n, err = w.vectors.WriteBuffers(v)
 	} else {
 		n, err = v.WriteTo(w.conn)
 	}
