@@ -68,6 +68,25 @@
 // confirms on no node until its peers elect another, and a fixed timeout
 // would abandon the next node just before it answers.
 //
+// # The silent channel
+//
+// A channel can also stay silent on a healthy node: one opened while the
+// node's peers still counted a frozen node as the queue's leader confirms
+// nothing after the election, where a fresh channel on the same node is
+// confirmed at once (measured on RabbitMQ 3.10: 9.4 s of silence, until
+// the confirm timeout abandoned the healthy node too). So the first
+// channel after a failover, like a nack storm's, is a probe channel: it
+// carries one message until the broker acks one. A probe that gets no
+// answer, neither ack nor nack, within an eighth of ConfirmTimeout is
+// replaced on the same connection within a quarter of it
+// (PublisherStats.SilentReopens), and its message is not charged the
+// attempt. The new channel's channel.open tells the silences apart: a node
+// that answers it within a quarter of ConfirmTimeout is alive and only its
+// queue is not ready yet, so the connection is kept; one that does not is
+// gone, and the publisher fails over at once. The confirm timeout keeps
+// counting from the message's first publish on the connection, so reopens
+// that stay silent end in an abandonment as before.
+//
 // # Which node comes next
 //
 // The DialFunc decides. Make it move on at each call: round robin over the

@@ -68,7 +68,7 @@ const (
 	EventDialFailed                          // DialFunc failed (Err)
 	EventConnectionLost                      // the connection or a write on it failed (Err); a failover follows
 	EventNack                                // the broker nacked a message (MessageID)
-	EventChannelReopen                       // a new channel replaces one on the same connection (after a nack or a channel close)
+	EventChannelReopen                       // a new channel replaces one on the same connection (after a nack, a channel close or a silent probe)
 	EventRepublish                           // unconfirmed messages go out again on a new channel (Count)
 	EventAbandon                             // the oldest unconfirmed message exceeded ConfirmTimeout: the connection is abandoned
 	EventAbandoned                           // the abandoned connection's CloseDeadline returned (Latency: how long it took)

@@ -104,6 +104,9 @@ type brokerScript struct {
 	// ignoreClose leaves connection.close unanswered, as a node cut off
 	// from its peers may.
 	ignoreClose bool
+	// frozenFrom, if > 0, leaves channel.open unanswered from the
+	// session's channel of that rank on, as a frozen node does.
+	frozenFrom int
 }
 
 func (b brokerScript) run(s *fakepeer.Session) error {
@@ -220,6 +223,7 @@ func (ss *scriptSession) complete(id uint16, st *chState) error {
 // method answers a method frame; done reports connection.close answered.
 func (ss *scriptSession) method(f fakepeer.Frame) (done bool, err error) {
 	switch c, m := f.Method(); {
+	case c == 20 && m == 10 && ss.b.frozenFrom > 0 && ss.opened >= ss.b.frozenFrom:
 	case c == 20 && m == 10: // channel.open
 		ss.chans[f.Channel] = &chState{index: ss.opened}
 		ss.opened++

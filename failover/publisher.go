@@ -99,6 +99,7 @@ type PublisherStats struct {
 	Republished    uint64 // publishes of a message that had gone out before
 	Failovers      uint64 // connections lost or abandoned while in use
 	ChannelReopens uint64 // channels replaced on the same connection
+	SilentReopens  uint64 // of which, probe channels that answered nothing (see ConfirmTimeout)
 	Abandons       uint64 // connections abandoned by the ConfirmTimeout watchdog
 	Failed         uint64 // messages that failed with ErrNacked or ErrGaveUp
 	Connects       uint64 // channels set up in confirm mode: on a new connection, or reopened
@@ -151,8 +152,15 @@ type message struct {
 	qelem     *list.Element // in p.queue
 	gen       *chanGen      // in gen.inflight
 	tag       uint64
-	sentAt    time.Time
+	sentAt    time.Time     // put in flight on gen
 	oelem     *list.Element // in gen.order
+	// waitingSince: first put in flight on this connection, or since its
+	// last answer; the confirm timeout counts from it (overdue). A silent
+	// probe's reopen keeps it (keepWaiting), so reopens that stay silent
+	// still end in an abandonment; a nack, an answer, starts it again.
+	waitingSince time.Time
+	waitConn     *connGen // the connection waitingSince is on
+	keepWaiting  bool
 }
 
 // connGen is one connection.
@@ -259,7 +267,7 @@ func NewPublisher(ctx context.Context, o PublisherOptions) (*Publisher, error) {
 	}
 	cg := p.startConn(first)
 	stop := context.AfterFunc(ctx, func() { closeConn(cg.conn, cg.drain, time.Now()) })
-	g, err := p.openChannel(cg, noProbe)
+	g, err := p.openChannel(cg, noProbe, p.o.SetupTimeout)
 	stop()
 	if err != nil {
 		p.retireConn(cg)
@@ -507,10 +515,10 @@ func (p *Publisher) retireConn(cg *connGen) {
 
 // openChannel opens a channel in confirm mode on cg and starts its
 // listener and sender; a probe channel carries one message at a time until
-// the broker acks one. It is bounded by SetupTimeout and by Close: either
+// the broker acks one. It is bounded by within and by Close: either
 // abandons the connection, which fails the RPC.
-func (p *Publisher) openChannel(cg *connGen, probe probeKind) (*chanGen, error) {
-	timer := time.AfterFunc(p.o.SetupTimeout, func() { closeConn(cg.conn, cg.drain, time.Now()) })
+func (p *Publisher) openChannel(cg *connGen, probe probeKind, within time.Duration) (*chanGen, error) {
+	timer := time.AfterFunc(within, func() { closeConn(cg.conn, cg.drain, time.Now()) })
 	stop := context.AfterFunc(p.ctx, func() { closeConn(cg.conn, cg.drain, time.Now()) })
 	release := cg.drain.hold()
 	ch, err := cg.conn.Channel()
@@ -697,6 +705,10 @@ func (p *Publisher) inFlightLocked(g *chanGen, m *message) {
 	m.gen = g
 	m.tag = tag
 	m.sentAt = time.Now()
+	if !m.keepWaiting || m.waitConn != g.cg {
+		m.waitingSince, m.waitConn = m.sentAt, g.cg
+	}
+	m.keepWaiting = false
 	m.attempts++
 	g.inflight[tag] = m
 	m.oelem = g.order.PushBack(m)
@@ -708,8 +720,10 @@ func (p *Publisher) inFlightLocked(g *chanGen, m *message) {
 
 // retireLocked ends g: its unconfirmed messages go back to the front of
 // the queue in publish order, and its tags are forgotten, so a late
-// confirmation of g settles nothing. Caller holds p.mu.
-func (p *Publisher) retireLocked(g *chanGen, cause error) int {
+// confirmation of g settles nothing. A silent probe channel's message
+// (silent) is not charged the attempt, and keeps its confirm timeout's
+// start. Caller holds p.mu.
+func (p *Publisher) retireLocked(g *chanGen, cause error, silent bool) int {
 	if g.dead {
 		return 0
 	}
@@ -724,6 +738,10 @@ func (p *Publisher) retireLocked(g *chanGen, cause error) int {
 	for e := g.order.Back(); e != nil; e = g.order.Back() {
 		m := g.order.Remove(e).(*message)
 		delete(g.inflight, m.tag)
+		if silent {
+			m.attempts--
+			m.keepWaiting = true
+		}
 		p.requeue(m, cause, true)
 		n++
 	}
@@ -733,9 +751,9 @@ func (p *Publisher) retireLocked(g *chanGen, cause error) int {
 // retire is retireLocked for the manager, which does not hold p.mu: it
 // reports the messages put back in the queue as one EventRepublish, and
 // kicks the sender, as confirm does after it requeues a nacked message.
-func (p *Publisher) retire(g *chanGen, cause error) {
+func (p *Publisher) retire(g *chanGen, cause error, silent bool) {
 	p.mu.Lock()
-	n := p.retireLocked(g, cause)
+	n := p.retireLocked(g, cause, silent)
 	p.mu.Unlock()
 	if n > 0 {
 		p.n.emit(Event{Kind: EventRepublish, Count: n})
@@ -771,7 +789,7 @@ func (p *Publisher) run(cg *connGen, g *chanGen) {
 		if !ok {
 			return // Close
 		}
-		p.retire(g, end.cause)
+		p.retire(g, end.cause, end.silent)
 		if end.reopen {
 			var closed bool
 			if g, closed, end.cause = p.reopen(cg, g, end, &streak); closed {
@@ -795,9 +813,9 @@ func (p *Publisher) watchdog() (<-chan time.Time, func()) {
 		return nil, func() {}
 	}
 	// From the shortest timeout in force, so that an abandonment comes
-	// within a quarter of ConfirmTimeout (1 s at most) of being due,
-	// backed off or not.
-	period := min(max(p.o.ConfirmTimeout/4, 5*time.Millisecond), time.Second)
+	// within an eighth of ConfirmTimeout (1 s at most) of being due,
+	// backed off or not, and a silent probe is reopened within a quarter.
+	period := min(max(p.silentAfter(), 5*time.Millisecond), time.Second)
 	t := time.NewTicker(period)
 	return t.C, t.Stop
 }
@@ -817,11 +835,12 @@ type watchEnd struct {
 	cause  error
 	reopen bool // the connection is still up: a new channel on it replaces the old
 	nacked bool // a nack retired the channel
+	silent bool // a probe channel answered nothing (silentProbe)
 }
 
 // watch waits until something ends g: its connection's loss, its failure,
-// or the ConfirmTimeout watchdog abandoning its connection. It reports
-// false at Close.
+// the ConfirmTimeout watchdog abandoning its connection, or its probe's
+// silence. It reports false at Close.
 func (p *Publisher) watch(cg *connGen, g *chanGen, tick <-chan time.Time) (watchEnd, bool) {
 	for {
 		select {
@@ -844,18 +863,22 @@ func (p *Publisher) watch(cg *connGen, g *chanGen, tick <-chan time.Time) (watch
 			if cause := p.overdue(g, now); cause != nil {
 				return watchEnd{cause: cause}, true
 			}
+			if cause := p.silentProbe(g, now); cause != nil {
+				return watchEnd{cause: cause, reopen: true, silent: true}, true
+			}
 		}
 	}
 }
 
 // overdue is the watchdog's check at now: when g's oldest unconfirmed
-// message has waited the confirm timeout in force, it counts the
-// abandonment, backs the timeout off, and returns the cause; else nil.
+// message has waited the confirm timeout in force on this connection,
+// silent reopens included, it counts the abandonment, backs the timeout
+// off, and returns the cause; else nil.
 func (p *Publisher) overdue(g *chanGen, now time.Time) error {
 	p.mu.Lock()
 	var oldest time.Time
 	if e := g.order.Front(); e != nil {
-		oldest = e.Value.(*message).sentAt
+		oldest = e.Value.(*message).waitingSince
 	}
 	timeout, streak := p.stats.ConfirmTimeoutNow, p.stats.AbandonStreak
 	p.mu.Unlock()
@@ -874,6 +897,43 @@ func (p *Publisher) overdue(g *chanGen, now time.Time) error {
 		"timeout", timeout, "next_timeout", next)
 	p.n.emit(Event{Kind: EventAbandon, Err: cause})
 	return cause
+}
+
+// silentAfter is how long a probe channel's message may go unanswered
+// before the channel is replaced on the same connection (silentProbe): an
+// eighth of ConfirmTimeout, so that with the watchdog's period the reopen
+// comes within a quarter of it.
+func (p *Publisher) silentAfter() time.Duration { return p.o.ConfirmTimeout / 8 }
+
+// silentProbe is the watchdog's other check at now. A probe channel (the
+// first after a failover, or one opened in a nack storm) whose message has
+// had no answer, neither ack nor nack, for silentAfter is replaced on the
+// same connection, and the count and the cause returned; else nil.
+//
+// Why: such a channel can stay silent after the queue is ready again. A
+// channel opened on a healthy node while its peers still counted a frozen
+// node as the queue's leader confirms nothing after the election, where a
+// fresh channel is confirmed at once (issue #43: 9.4 s of silence on the
+// healthy node, until ConfirmTimeout abandoned it too). The new channel's
+// channel.open tells the two silences apart: a node that answers it is
+// alive and only its queue is not ready, so the connection is kept; one
+// that does not answer within a quarter of ConfirmTimeout is gone, and the
+// publisher fails over (reopen). The confirm timeout still counts from the
+// message's first publish on the connection (waitingSince), so reopens
+// that stay silent end in an abandonment, as a silent channel did before.
+func (p *Publisher) silentProbe(g *chanGen, now time.Time) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e := g.order.Front()
+	if g.probe == noProbe || e == nil {
+		return nil
+	}
+	waited := now.Sub(e.Value.(*message).sentAt)
+	if waited < p.silentAfter() {
+		return nil
+	}
+	p.stats.SilentReopens++
+	return fmt.Errorf("failover: probe unanswered for %v", waited.Round(time.Millisecond))
 }
 
 // reopenStreak counts the channel reopens with no confirmation between
@@ -896,11 +956,13 @@ func (s *reopenStreak) count(confirmed uint64) {
 
 // reopen replaces g, retired, by a new channel on cg, after reopenDelay
 // when it follows other reopens with no confirmation between them. A
-// reopen that follows a nack in such a streak (a storm) opens a probe
-// channel: probeFree within MaxConfirmTimeout of the storm's start,
-// probeCharged past it. It reports closed when Close came during the wait,
-// and the error of a channel that would not open, after which the
-// connection is failed over.
+// reopen that follows a nack in such a streak (a storm), or a silent
+// probe, opens a probe channel: probeFree within MaxConfirmTimeout of the
+// storm's start, probeCharged past it. A silent probe's reopen does not
+// wait (the silence paced it), and its channel.open is bounded by a
+// quarter of ConfirmTimeout: a node that does not answer it is gone. It
+// reports closed when Close came during the wait, and the error of a
+// channel that would not open, after which the connection is failed over.
 func (p *Publisher) reopen(cg *connGen, g *chanGen, end watchEnd, s *reopenStreak) (ng *chanGen, closed bool, err error) {
 	p.mu.Lock()
 	p.stats.ChannelReopens++
@@ -910,17 +972,20 @@ func (p *Publisher) reopen(cg *connGen, g *chanGen, end watchEnd, s *reopenStrea
 	p.n.emit(Event{Kind: EventChannelReopen, Err: end.cause})
 	p.closeChannel(g)
 	storm := s.n > 0 && end.nacked
-	if s.n > 0 && !sleepCtx(p.ctx, p.reopenDelay(s.n, storm)) {
+	if s.n > 0 && !end.silent && !sleepCtx(p.ctx, p.reopenDelay(s.n, storm)) {
 		return nil, true, nil
 	}
-	probe := noProbe
-	if storm {
+	probe, within := noProbe, p.o.SetupTimeout
+	if storm || end.silent {
 		probe = probeCharged
 		if time.Since(s.start) < p.o.MaxConfirmTimeout {
 			probe = probeFree
 		}
 	}
-	ng, err = p.openChannel(cg, probe)
+	if end.silent {
+		within = min(within, p.o.ConfirmTimeout/4)
+	}
+	ng, err = p.openChannel(cg, probe, within)
 	return ng, false, err
 }
 
@@ -944,7 +1009,9 @@ func (p *Publisher) redial() (*connGen, *chanGen) {
 			return nil, nil // Close
 		}
 		cg := p.startConn(conn)
-		g, err := p.openChannel(cg, noProbe)
+		// A probe: after a failover the queue may not be ready yet, and a
+		// channel that stays silent is then replaced (silentProbe).
+		g, err := p.openChannel(cg, probeCharged, p.o.SetupTimeout)
 		if err == nil {
 			return cg, g
 		}
@@ -1040,7 +1107,7 @@ func connEnds(cg *connGen, wait time.Duration) bool {
 // still queued with the publisher's closed error. p.mu is held.
 func (p *Publisher) failAllLocked() {
 	if g := p.cur; g != nil {
-		p.retireLocked(g, errClosed)
+		p.retireLocked(g, errClosed, false)
 	}
 	for e := p.queue.Front(); e != nil; e = p.queue.Front() {
 		m := p.queue.Remove(e).(*message)
