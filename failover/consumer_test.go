@@ -2,8 +2,11 @@ package failover
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -189,4 +192,103 @@ func TestConsumerReconsumesAfterBrokerCancel(t *testing.T) {
 			t.Errorf("the first EventCancelled has Count %d, want 1", e.Count)
 		}
 	})
+}
+
+// The consumer's node freezes: the connection stays open and nothing
+// comes back over it, neither deliveries nor heartbeats, as with a node
+// whose VM is stopped. With heartbeats of a minute, only the probe can
+// tell within the test's bound: the consumer asks basic.qos after
+// ProbeAfter with no delivery, gets no answer, abandons the node and
+// consumes through the other proxy.
+func TestConsumerProbeLeavesAFrozenNode(t *testing.T) {
+	forModes(t, func(t *testing.T, mode compat.Mode) {
+		queue, ch := durableQueue(t)
+		frozen := toxi.NewProxy(t, testenv.AMQPAddr(t))
+		healthy := toxi.NewProxy(t, testenv.AMQPAddr(t))
+		urls := []string{frozen.URL(), healthy.URL()}
+		var dials atomic.Int64
+		dial := func(ctx context.Context) (*amqp.Connection, error) {
+			u := urls[int(dials.Add(1)-1)%len(urls)]
+			return compat.DialConfig(u, amqp.Config{Heartbeat: time.Minute}, mode)
+		}
+		var log eventLog
+		consuming := make(chan struct{}, 4)
+		onEvent := func(e Event) {
+			log.add(e)
+			if e.Kind == EventConsuming {
+				consuming <- struct{}{}
+			}
+		}
+		c, err := NewConsumer(ConsumerOptions{Dial: dial, Queue: queue, OnEvent: onEvent,
+			ProbeAfter: 200 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		const n = 20
+		var mu sync.Mutex
+		seen := map[string]bool{}
+		all := make(chan struct{})
+		runErr := make(chan error, 1)
+		go func() {
+			runErr <- c.Run(ctx, func(ctx context.Context, d amqp.Delivery) error {
+				mu.Lock()
+				defer mu.Unlock()
+				if seen[d.MessageId] = true; len(seen) == n {
+					close(all)
+				}
+				return nil
+			})
+		}()
+		select {
+		case <-consuming:
+		case <-ctx.Done():
+			t.Fatal("the consumer never consumed through the first proxy")
+		}
+		frozen.Timeout(toxi.Downstream, 0)
+		frozen.Timeout(toxi.Upstream, 0)
+		for i := 0; i < n; i++ {
+			if err := ch.PublishWithContext(ctx, "", queue, false, false,
+				amqp.Publishing{MessageId: fmt.Sprintf("m-%d", i), Body: []byte("x")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-all:
+		case <-ctx.Done():
+			t.Fatalf("%d of %d messages consumed after the freeze; stats %+v", len(seen), n, c.Stats())
+		}
+		cancel()
+		if err := <-runErr; err != context.Canceled {
+			t.Fatalf("Run: %v, want context.Canceled", err)
+		}
+		lost, ok := log.first(EventConnectionLost)
+		if !ok || !strings.Contains(lost.Err.Error(), "no probe") || !errors.Is(lost.Err, amqp.ErrClosed) {
+			t.Fatalf("first connection loss %+v (found %v): want the probe's, wrapping amqp.ErrClosed", lost, ok)
+		}
+		if st := c.Stats(); st.Failovers < 1 || st.Connects < 2 {
+			t.Fatalf("stats %+v, want ≥ 1 failover and 2 connects", st)
+		}
+	})
+}
+
+// The probe's period: ProbeAfter, else half the negotiated heartbeat;
+// off when negative or without heartbeats.
+func TestConsumerProbePeriod(t *testing.T) {
+	for _, tc := range []struct {
+		probeAfter, heartbeat, want time.Duration
+	}{
+		{0, 2 * time.Second, time.Second},
+		{300 * time.Millisecond, 2 * time.Second, 300 * time.Millisecond},
+		{-1, 2 * time.Second, 0},
+		{0, 0, 0},
+	} {
+		c := &Consumer{o: ConsumerOptions{ProbeAfter: tc.probeAfter}}
+		timer, got := c.idleTimer(&amqp.Connection{Config: amqp.Config{Heartbeat: tc.heartbeat}})
+		timer.Stop()
+		if got != tc.want {
+			t.Errorf("ProbeAfter %v, heartbeat %v: period %v, want %v", tc.probeAfter, tc.heartbeat, got, tc.want)
+		}
+	}
 }

@@ -85,7 +85,12 @@
 // queue is not ready yet, so the connection is kept; one that does not is
 // gone, and the publisher fails over at once. The confirm timeout keeps
 // counting from the message's first publish on the connection, so reopens
-// that stay silent end in an abandonment as before.
+// that stay silent end in an abandonment as before, but at
+// MaxConfirmTimeout: a silence that follows the publisher from a failed
+// node to one that answers is the queue's, which the next node would
+// share (a frozen leader's election took up to 9.0 s in the cluster
+// suite, and the backed-off 4 s timeout abandoned a healthy node for
+// another).
 //
 // # Which node comes next
 //
@@ -114,7 +119,13 @@
 // duplicates by MessageId. A basic.cancel from the broker (its queue
 // deleted, a quorum queue's consumer timeout) is no loss: the Consumer
 // counts it (ConsumerStats.Cancels, EventCancelled) and consumes again on
-// the same channel after Backoff's delay for the cancels in a row.
+// the same channel after Backoff's delay for the cancels in a row. A node
+// that freezes (alive to TCP, silent to AMQP) ends deliveries and
+// heartbeats alike; after ProbeAfter with no delivery (half the
+// heartbeat) the Consumer asks it a basic.qos, and leaves a node that does
+// not answer within ProbeAfter, within about one heartbeat rather than the
+// heartbeat timeout's 1.5 (the cluster suite's fault 8c: 2.02 s rather
+// than 3.01 s at a heartbeat of 2 s).
 //
 // # Not covered
 //

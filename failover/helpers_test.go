@@ -104,6 +104,10 @@ type brokerScript struct {
 	// ignoreClose leaves connection.close unanswered, as a node cut off
 	// from its peers may.
 	ignoreClose bool
+	// keepSilentChannels leaves channel.close unanswered on a channel
+	// whose publishes it left silent, as RabbitMQ does while the queue
+	// has no leader.
+	keepSilentChannels bool
 	// frozenFrom, if > 0, leaves channel.open unanswered from the
 	// session's channel of that rank on, as a frozen node does.
 	frozenFrom int
@@ -152,6 +156,7 @@ type chState struct {
 	remaining uint64
 	inBody    bool
 	body      []byte
+	silenced  bool // a publish was left unanswered
 }
 
 // heartbeats sends the script's heartbeats until the returned stop is
@@ -217,6 +222,7 @@ func (ss *scriptSession) complete(id uint16, st *chState) error {
 	case ackMultiple:
 		return ss.send(fakepeer.BasicAck(id, st.tag, true))
 	}
+	st.silenced = true
 	return nil
 }
 
@@ -233,6 +239,8 @@ func (ss *scriptSession) method(f fakepeer.Frame) (done bool, err error) {
 		}
 	case c == 85 && m == 10: // confirm.select
 		err = ss.send(fakepeer.ConfirmSelectOk(f.Channel))
+	case c == 20 && m == 40 && ss.b.keepSilentChannels && ss.chans[f.Channel] != nil && ss.chans[f.Channel].silenced:
+		// channel.close of a silenced channel: no close-ok
 	case c == 20 && m == 40: // channel.close
 		if ss.b.onClose != nil {
 			ss.b.onClose(f.Channel, ss.send)

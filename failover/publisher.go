@@ -44,7 +44,9 @@ type PublisherOptions struct {
 	// abandonments in 4 runs of 4 and messages failed in 2; with the
 	// backoff, 1 abandonment in 3 of 3 and none failed). A nack does not
 	// reset the backoff: the queue answering without taking the message
-	// is that same election.
+	// is that same election. On a connection whose node answered a
+	// silent probe's channel.open (see the package doc, "The silent
+	// channel"), the timeout in force is MaxConfirmTimeout.
 	ConfirmTimeout time.Duration
 
 	// MaxConfirmTimeout caps the backed-off confirm timeout (see
@@ -106,7 +108,8 @@ type PublisherStats struct {
 	Outstanding    int    // messages accepted and not yet settled, now
 
 	// ConfirmTimeoutNow is the confirm timeout in force: ConfirmTimeout,
-	// or longer after consecutive abandonments (see
+	// or longer after consecutive abandonments, and MaxConfirmTimeout once
+	// a node answered a silent probe's reopen (see
 	// PublisherOptions.ConfirmTimeout); 0 when the watchdog is off.
 	ConfirmTimeoutNow time.Duration
 	// AbandonStreak counts the abandonments since the broker last acked a
@@ -762,13 +765,21 @@ func (p *Publisher) retire(g *chanGen, cause error, silent bool) {
 }
 
 // closeChannel closes a retired channel on a connection still in use, in
-// the background: its close-ok is bounded by the connection's end.
-func (p *Publisher) closeChannel(g *chanGen) {
+// the background, waiting at most within for its close-ok. Why a bound: a
+// broker may never answer the close of a channel whose publishes it left
+// silent, and in legacy mode a read waiting for that close-ok holds the
+// socket, so that every later RPC of the connection, the next channel.open
+// too, would wait behind it (legacy's contract: a write waits for a read
+// in progress). Past within, the close-ok is left to the library, which
+// keeps the channel's id until the broker answers or the connection ends.
+func (p *Publisher) closeChannel(g *chanGen, within time.Duration) {
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
+		ctx, cancel := context.WithTimeout(p.ctx, within)
+		defer cancel()
 		release := g.cg.drain.hold()
-		_ = g.ch.Close()
+		_ = g.ch.CloseWithContext(ctx)
 		release()
 	}()
 }
@@ -920,7 +931,12 @@ func (p *Publisher) silentAfter() time.Duration { return p.o.ConfirmTimeout / 8 
 // that does not answer within a quarter of ConfirmTimeout is gone, and the
 // publisher fails over (reopen). The confirm timeout still counts from the
 // message's first publish on the connection (waitingSince), so reopens
-// that stay silent end in an abandonment, as a silent channel did before.
+// that stay silent end in an abandonment, as a silent channel did before,
+// but only at MaxConfirmTimeout (nodeAnswered): the node proved alive, and a
+// silence that followed the publisher from a failed node to a live one is
+// the queue's, which the next node would share. With the backed-off
+// timeout instead, an election of 9.0 s (the cluster suite's fault 8L)
+// had node c, healthy, abandoned 6.5 s after the freeze, for node a.
 func (p *Publisher) silentProbe(g *chanGen, now time.Time) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -934,6 +950,16 @@ func (p *Publisher) silentProbe(g *chanGen, now time.Time) error {
 	}
 	p.stats.SilentReopens++
 	return fmt.Errorf("failover: probe unanswered for %v", waited.Round(time.Millisecond))
+}
+
+// nodeAnswered raises the confirm timeout in force to MaxConfirmTimeout
+// once a silent probe's replacement opened: the node answers RPCs, so its
+// silence is its queue's, an election most likely, which moving on would
+// not shorten (silentProbe). An ack resets it, as after abandonments.
+func (p *Publisher) nodeAnswered() {
+	p.mu.Lock()
+	p.stats.ConfirmTimeoutNow = max(p.stats.ConfirmTimeoutNow, p.o.MaxConfirmTimeout)
+	p.mu.Unlock()
 }
 
 // reopenStreak counts the channel reopens with no confirmation between
@@ -970,7 +996,9 @@ func (p *Publisher) reopen(cg *connGen, g *chanGen, end watchEnd, s *reopenStrea
 	p.mu.Unlock()
 	p.n.log.Info("failover: reopening the channel", "cause", end.cause)
 	p.n.emit(Event{Kind: EventChannelReopen, Err: end.cause})
-	p.closeChannel(g)
+	if !end.silent {
+		p.closeChannel(g, p.o.CloseTimeout)
+	}
 	storm := s.n > 0 && end.nacked
 	if s.n > 0 && !end.silent && !sleepCtx(p.ctx, p.reopenDelay(s.n, storm)) {
 		return nil, true, nil
@@ -986,6 +1014,15 @@ func (p *Publisher) reopen(cg *connGen, g *chanGen, end watchEnd, s *reopenStrea
 		within = min(within, p.o.ConfirmTimeout/4)
 	}
 	ng, err = p.openChannel(cg, probe, within)
+	if end.silent && err == nil {
+		p.nodeAnswered()
+	}
+	if end.silent {
+		// Closed after its replacement opened: in legacy mode, the wait
+		// for a close-ok that may never come would hold up the open
+		// (closeChannel).
+		p.closeChannel(g, p.silentAfter())
+	}
 	return ng, false, err
 }
 

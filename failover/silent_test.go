@@ -85,6 +85,25 @@ func TestSilentProbeRule(t *testing.T) {
 		}
 	})
 
+	t.Run("a node that answered a silent probe's reopen waits MaxConfirmTimeout", func(t *testing.T) {
+		p := newRule()
+		g := channel(probeFree, t0, t0)
+		p.nodeAnswered()
+		limit := p.o.MaxConfirmTimeout
+		if limit <= timeout {
+			t.Fatalf("MaxConfirmTimeout %v by default, want above ConfirmTimeout %v", limit, timeout)
+		}
+		if err := p.overdue(g, t0.Add(limit-time.Millisecond)); err != nil {
+			t.Fatalf("a live node's silence abandoned before MaxConfirmTimeout: %v", err)
+		}
+		if st := p.Stats(); st.ConfirmTimeoutNow != limit {
+			t.Fatalf("ConfirmTimeoutNow %v, want MaxConfirmTimeout %v", st.ConfirmTimeoutNow, limit)
+		}
+		if err := p.overdue(g, t0.Add(limit)); err == nil {
+			t.Fatal("a live node's silence not abandoned at MaxConfirmTimeout")
+		}
+	})
+
 	t.Run("the watchdog ticks often enough to reopen within a quarter", func(t *testing.T) {
 		p := newRule()
 		if period := p.silentAfter(); 2*period > timeout/4 {
@@ -132,7 +151,7 @@ func TestSilentProbeReopensOnTheSameConnection(t *testing.T) {
 				return silent
 			}
 			return ack
-		}}.run)
+		}, keepSilentChannels: true}.run)
 		const timeout = 800 * time.Millisecond
 		var log eventLog
 		p := newPublisher(t, PublisherOptions{Dial: cycleDial(mode, stalled.URL(), healthy.URL()),
@@ -167,13 +186,7 @@ func TestSilentReopensEndInAnAbandonment(t *testing.T) {
 		const timeout = 400 * time.Millisecond
 		p := newPublisher(t, PublisherOptions{Dial: cycleDial(mode, stalled.URL(), answering.URL(), good.URL()),
 			ConfirmTimeout: timeout, MaxAttempts: 3})
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := p.Publish(ctx, "", "q", false, amqp.Publishing{Body: []byte("x")}); err != nil {
-			t.Fatal(err)
-		}
-		st := p.Stats()
-		t.Logf("stats %+v", st)
+		st := publishOnce(t, p)
 		if st.Abandons != 2 || st.Failovers != 2 || st.Confirmed != 1 || st.SilentReopens < 1 {
 			t.Fatalf("stats %+v: want 2 abandonments, 2 failovers, ≥ 1 silent reopen, 1 confirmed", st)
 		}
@@ -196,13 +209,7 @@ func TestSilentProbeOnAFrozenNodeFailsOver(t *testing.T) {
 		var log eventLog
 		p := newPublisher(t, PublisherOptions{Dial: cycleDial(mode, stalled.URL(), frozen.URL(), good.URL()),
 			ConfirmTimeout: timeout, OnEvent: log.add})
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		if err := p.Publish(ctx, "", "q", false, amqp.Publishing{Body: []byte("x")}); err != nil {
-			t.Fatal(err)
-		}
-		st := p.Stats()
-		t.Logf("stats %+v", st)
+		st := publishOnce(t, p)
 		if st.Abandons != 1 || st.Failovers != 2 || st.SilentReopens != 1 || st.Confirmed != 1 {
 			t.Fatalf("stats %+v: want 1 abandonment (the first node), 2 failovers, 1 silent reopen, 1 confirmed", st)
 		}
@@ -210,4 +217,18 @@ func TestSilentProbeOnAFrozenNodeFailsOver(t *testing.T) {
 			t.Fatalf("confirm timeout now %v: the ack should have reset it to %v", st.ConfirmTimeoutNow, timeout)
 		}
 	})
+}
+
+// publishOnce publishes one message, bounded generously, and returns the
+// publisher's stats once the broker confirmed it.
+func publishOnce(t *testing.T, p *Publisher) PublisherStats {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Publish(ctx, "", "q", false, amqp.Publishing{Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	st := p.Stats()
+	t.Logf("stats %+v", st)
+	return st
 }

@@ -41,6 +41,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -317,6 +318,9 @@ func (c *Cluster) Stop() error {
 			pids[n] = p // rabbit removes its pid file before the VM exits: keep the pid
 		}
 	}
+	for n, p := range pids { // a frozen node would wait out the graceful stop
+		_ = c.signalVerified(n, p, syscall.SIGCONT)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), gracefulStop)
 	defer cancel()
 	var wg sync.WaitGroup
@@ -385,6 +389,33 @@ func (c *Cluster) Kill(n Node) error {
 		return fmt.Errorf("cluster: node %s: beam.smp %d still there 10 s after kill -9", n, p)
 	}
 	c.log.Info("killed", "node", n, "pid", p)
+	return nil
+}
+
+// Freeze stops node n's beam.smp with SIGSTOP: the VM keeps its sockets,
+// so the kernel still completes TCP handshakes and acknowledges segments,
+// but nothing answers over AMQP or to its peers, as with a node stalled on
+// its disk or paused by its hypervisor. [Cluster.Thaw] resumes it; Stop
+// resumes every node before stopping it.
+func (c *Cluster) Freeze(n Node) error { return c.signal(n, syscall.SIGSTOP, "frozen") }
+
+// Thaw resumes node n after [Cluster.Freeze] (SIGCONT). Its peers may have
+// counted it down meanwhile: what they recorded is theirs to heal.
+func (c *Cluster) Thaw(n Node) error { return c.signal(n, syscall.SIGCONT, "thawed") }
+
+// signal sends sig to node n's own beam.smp (verified, as Kill does).
+func (c *Cluster) signal(n Node, sig syscall.Signal, what string) error {
+	if err := n.check(); err != nil {
+		return err
+	}
+	p, err := c.beamPID(n)
+	if err != nil {
+		return err
+	}
+	if err := c.signalVerified(n, p, sig); err != nil {
+		return err
+	}
+	c.log.Info(what, "node", n, "pid", p)
 	return nil
 }
 

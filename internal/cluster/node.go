@@ -363,12 +363,15 @@ func (c *Cluster) ours(n Node, p int) bool {
 		env["RABBITMQ_PID_FILE"] == c.pidFile(n)
 }
 
-func (c *Cluster) killVerified(n Node, p int) error {
+func (c *Cluster) killVerified(n Node, p int) error { return c.signalVerified(n, p, syscall.SIGKILL) }
+
+// signalVerified sends sig to p once it is known to be n's beam.smp.
+func (c *Cluster) signalVerified(n Node, p int, sig syscall.Signal) error {
 	if !c.ours(n, p) {
-		return fmt.Errorf("cluster: node %s: pid %d is not our beam.smp; not killing it", n, p)
+		return fmt.Errorf("cluster: node %s: pid %d is not our beam.smp; not signalling it", n, p)
 	}
-	if err := syscall.Kill(p, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("cluster: kill -9 %d (node %s): %w", p, n, err)
+	if err := syscall.Kill(p, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("cluster: kill -%d %d (node %s): %w", int(sig), p, n, err)
 	}
 	return nil
 }

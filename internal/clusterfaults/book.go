@@ -73,7 +73,12 @@ func (b *book) nack() {
 	b.mu.Unlock()
 }
 
+// consumed records a delivery of id; the readiness probes are not the
+// variant's messages.
 func (b *book) consumed(id string, redelivered bool) {
+	if id == readinessProbe {
+		return
+	}
 	b.mu.Lock()
 	b.found[id]++
 	if redelivered {

@@ -160,6 +160,18 @@ func TestBookAudit(t *testing.T) {
 	}
 }
 
+// The readiness probes, published into the variants' queues, are
+// neither duplicates nor phantoms, however many are found.
+func TestBookIgnoresReadinessProbes(t *testing.T) {
+	b := newBook()
+	b.consumed(readinessProbe, false)
+	b.consumed(readinessProbe, true)
+	if lost, dups, phantoms, _ := b.audit(); lost+dups+phantoms != 0 || b.redeliv != 0 {
+		t.Fatalf("audit of two probes: %d lost, %d duplicates, %d phantoms, %d redelivered; want none",
+			lost, dups, phantoms, b.redeliv)
+	}
+}
+
 // A Result names at most 10 lost IDs, in order; it counts them all.
 func TestBookAuditNamesTenLostIDs(t *testing.T) {
 	b := newBook()

@@ -142,6 +142,13 @@ type Result struct {
 	ConsumerResumed    bool
 	ConsumerResume     time.Duration
 	ConsumerReconnects int
+	// BrokerReady is how long after the fault a fresh channel on the
+	// fault's Probe node first had a publish to the variant's queue
+	// confirmed (readiness):
+	// the broker's share of the gap; Resume minus it is the client's.
+	// BrokerReadyOK says a probe was confirmed before the repair.
+	BrokerReady   time.Duration
+	BrokerReadyOK bool
 	// Timeline is what package failover's publisher did from the fault
 	// to the repair (events, the nodes it dialled, acks folded), seconds
 	// since the fault; empty for upstream.
@@ -151,18 +158,20 @@ type Result struct {
 }
 
 // ResumeTarget is the target for the time to resume: the confirm
-// timeout + 1 s after the publisher's node is cut from its peers (5, 5pm);
-// the broker's own time + 1 s when that node also leads the queue (5pmL:
-// no node confirms before the majority noticed the cut, up to 1.25 ×
-// net_ticktime, and elected a new leader, about 0.5 s); 1.5 × heartbeat +
-// 1 s after its link is cut (6a); 1 s otherwise (a node's death, the nack
-// storm included, or a fault away from the publisher).
+// timeout + 1 s after the publisher's node is cut from its peers or frozen
+// (5, 5pm, 8); the broker's own time + 1 s when that node also leads the
+// queue (5pmL, 8L: no node confirms before the majority noticed the cut
+// or the silence, up to 1.25 × net_ticktime, and elected a new leader,
+// about 0.5 s); 1.5 × heartbeat + 1 s after its link is cut (6a); 1 s
+// otherwise (a node's death, the nack storm included, or a fault away from
+// the publisher). The table also judges the client's share alone, after
+// the broker's readiness (ClientShare).
 func (c Config) ResumeTarget(f Fault) time.Duration {
 	c.defaults()
 	switch f.ID {
-	case "5+7", "5pm":
+	case "5+7", "5pm", "8":
 		return c.ConfirmTimeout + time.Second
-	case "5pmL":
+	case "5pmL", "8L":
 		// The bound, with its estimate of the election; the
 		// table also judges the client's share alone (ClientShare).
 		return c.NetTicktime*5/4 + electionTime + time.Second
@@ -173,11 +182,12 @@ func (c Config) ResumeTarget(f Fault) time.Duration {
 	}
 }
 
-// ClientShare bounds the client's share of fault 5pmL's gap: from the
-// broker's last nack (its election still running) to the first confirm
-// of a message published after the fault. failover.Publisher caps a nack
-// storm's reopen delay at a quarter of ConfirmTimeout (500 ms here), so
-// its share is that delay, a channel.open and a publish's round trip.
+// ClientShare bounds the client's share of a leader's loss (5pmL, 8L):
+// from the broker's readiness (Result.BrokerReady), or its last nack, to
+// the first confirm of a message published after the fault.
+// failover.Publisher caps a nack storm's reopen delay, and reopens a
+// silent probe, within a quarter of ConfirmTimeout (500 ms here), so its
+// share is that delay, a channel.open and a publish's round trip.
 const ClientShare = time.Second
 
 // electionTime is how long a quorum queue's new leader takes to be
@@ -257,6 +267,12 @@ type cell struct {
 	tInject, tFault, tRepair time.Time
 	repairNote               string
 	repairErr                error
+
+	// ready probes the broker's readiness on the fault's Probe node
+	// (nil if it could not connect); readyAt is each queue's first
+	// confirm.
+	ready   *readiness
+	readyAt map[string]time.Time
 }
 
 // newCell sets up one run per variant, each with a queue of its own: the
@@ -299,7 +315,11 @@ func (k *cell) deleteQueues() {
 // their leader there (each fault says where it wants it), and records the
 // leader the cluster reports, so that a table shows where it really was.
 func (k *cell) declare(ctx context.Context) error {
-	if err := declareQueues(ctx, k.c, k.f.Leader, k.runs); err != nil {
+	var names []string
+	for _, r := range k.runs {
+		names = append(names, r.queue)
+	}
+	if err := declareQueues(ctx, k.c, k.f.Leader, names); err != nil {
 		return err
 	}
 	if l, err := k.c.Leader(ctx, k.runs[0].queue); err == nil {
@@ -340,6 +360,16 @@ func (k *cell) startWorkload(ctx context.Context) {
 	if k.f.CloseDuring {
 		k.openClosers(ctx)
 	}
+	var queues []string
+	for _, r := range k.runs {
+		queues = append(queues, r.queue)
+	}
+	ready, err := dialReadiness(ctx, k.c, k.f, queues)
+	if err != nil {
+		k.logf("readiness probe: %v (the broker's share goes unmeasured)", err)
+		return
+	}
+	k.ready = ready
 }
 
 // openClosers opens, for every variant whose publisher started, a
@@ -392,6 +422,9 @@ func (k *cell) inject(ctx context.Context) {
 		}
 	}
 	k.tFault = time.Now()
+	if k.ready != nil {
+		k.ready.start(ctx)
+	}
 	for _, r := range k.runs {
 		r.tl.add(k.tFault, "fault")
 	}
@@ -425,6 +458,9 @@ func (k *cell) holdFault(ctx context.Context) {
 // its note and error go into every Result.
 func (k *cell) repair(ctx context.Context) {
 	k.tRepair = time.Now()
+	if k.ready != nil {
+		k.readyAt = k.ready.stop()
+	}
 	for _, r := range k.runs {
 		r.tl.add(k.tRepair, "repair")
 	}
@@ -505,6 +541,9 @@ func (k *cell) judge() []Result {
 // from the injection.
 func (k *cell) measure(r *run, res *Result) {
 	res.Resume, res.Resumed = r.b.resumedAfter(k.tFault)
+	if at, ok := k.readyAt[r.queue]; ok {
+		res.BrokerReady, res.BrokerReadyOK = at.Sub(k.tFault), true
+	}
 	res.MaxGap = r.b.maxGap(k.tFault, k.tRepair)
 	if res.Resumed && r.fp != nil {
 		resumed := k.tFault.Add(res.Resume)
@@ -555,7 +594,8 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, runs []*run) error {
+// declareQueues declares quorum queues of the given names from node on.
+func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, names []string) error {
 	conn, err := dialAdmin(ctx, c, on)
 	if err != nil {
 		return fmt.Errorf("declaring on %s: %w", on, err)
@@ -565,11 +605,11 @@ func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, run
 	if err != nil {
 		return err
 	}
-	for _, r := range runs {
-		_, err := ch.QueueDeclare(r.queue, true, false, false, false,
+	for _, name := range names {
+		_, err := ch.QueueDeclare(name, true, false, false, false,
 			amqp.Table{"x-queue-type": "quorum"})
 		if err != nil {
-			return fmt.Errorf("declaring %s: %w", r.queue, err)
+			return fmt.Errorf("declaring %s: %w", name, err)
 		}
 	}
 	return nil

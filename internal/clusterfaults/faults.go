@@ -36,6 +36,11 @@ type Fault struct {
 	// the declaring client's node). Publisher and Consumer are the nodes
 	// the clients first connect to.
 	Leader, Publisher, Consumer cluster.Node
+	// Probe is a node the fault spares, where the cell measures the
+	// broker's readiness: the first moment a fresh channel there has a
+	// publish confirmed (Result.BrokerReady), which splits each gap into
+	// the broker's share and the client's.
+	Probe cluster.Node
 	// Inject does the fault.
 	Inject func(ctx context.Context, c *cluster.Cluster) error
 	// Hold is how long a cut is kept before Repair; zero repairs as soon
@@ -60,30 +65,31 @@ type Fault struct {
 
 // Faults are the issue's faults 1 to 7 (7 rides on 5; 5pm is 5 under
 // pause_minority instead of RabbitMQ's default ignore; 5pmL is 5pm with
-// the queue's leader on the cut node). hold is how long a partition is
-// kept. It is a table: each fault's injection and repair are built by the
-// helpers below it.
+// the queue's leader on the cut node), and issue #43's frozen nodes (8L,
+// 8, 8c). hold is how long a partition or a freeze is kept. It is a
+// table: each fault's injection and repair are built by the helpers below
+// it.
 func Faults(hold time.Duration) []Fault {
 	return []Fault{
 		{ID: "1", Name: "kill -9 of the queue leader (no client on it)",
-			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.B,
 			Inject: killNode(cluster.A), Repair: restartNode(cluster.A)},
 		{ID: "2", Name: "kill -9 of the publisher's node, the leader",
-			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: killNode(cluster.B), Repair: restartNode(cluster.B)},
 		{ID: "3", Name: "stop_app of the publisher's node, the leader",
-			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: stopApp(cluster.B), Repair: startApp(cluster.B)},
 		{ID: "4", Name: "kill -9 of the consumer's node",
-			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.B,
 			Inject: killNode(cluster.C), Repair: restartNode(cluster.C), ConsumerLost: true},
 		{ID: "5+7",
 			Name:   "the publisher's node cut from its peers, still reachable; Close() during the cut",
-			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: cutNode(cluster.B, cluster.CutPeers), Hold: hold, Repair: healNode(cluster.B),
 			CloseDuring: true, Partition: true},
 		{ID: "5pm", Name: "the publisher's node cut from its peers, pause_minority",
-			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: pauseMinorityCut(cluster.B), Hold: hold, Repair: pauseMinorityHeal(cluster.B),
 			Partition: true},
 		// The leader is on the cut node: the majority must first notice
@@ -91,17 +97,49 @@ func Faults(hold time.Duration) []Fault {
 		// before any node confirms, so the confirm timeout alone cannot
 		// make it short (issue #27, item 5).
 		{ID: "5pmL", Name: "the publisher's node, the leader, cut from its peers, pause_minority",
-			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: pauseMinorityCut(cluster.B), Hold: hold, Repair: pauseMinorityHeal(cluster.B),
 			Partition: true},
 		{ID: "6a", Name: "link of the publisher's node cut",
-			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: cutNode(cluster.B, cluster.CutFull), Hold: hold, Repair: healNode(cluster.B),
 			Partition: true},
 		{ID: "6b", Name: "link of the consumer's node cut",
-			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C,
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.B,
 			Inject: cutNode(cluster.C, cluster.CutFull), Hold: hold, Repair: healNode(cluster.C),
 			Partition: true, ConsumerLost: true},
+		// Frozen nodes (issue #43): the VM stopped (SIGSTOP) for hold,
+		// alive to TCP and silent to AMQP and to its peers, as a node
+		// stalled on its disk or paused by its hypervisor is. Its peers
+		// count it down after 0.75–1.25 × net_ticktime; the leader's
+		// queue then elects another leader.
+		{ID: "8L", Name: "the publisher's node, the leader, frozen (SIGSTOP)",
+			Leader: cluster.B, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
+			Inject: freezeNode(cluster.B), Hold: hold, Repair: thawNode(cluster.B), Partition: true},
+		{ID: "8", Name: "the publisher's node frozen (SIGSTOP), not the leader",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
+			Inject: freezeNode(cluster.B), Hold: hold, Repair: thawNode(cluster.B), Partition: true},
+		{ID: "8c", Name: "the consumer's node frozen (SIGSTOP)",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.B,
+			Inject: freezeNode(cluster.C), Hold: hold, Repair: thawNode(cluster.C), Partition: true,
+			ConsumerLost: true},
+	}
+}
+
+// freezeNode stops n's VM (SIGSTOP).
+func freezeNode(n cluster.Node) func(context.Context, *cluster.Cluster) error {
+	return func(_ context.Context, c *cluster.Cluster) error { return c.Freeze(n) }
+}
+
+// thawNode resumes n's VM, then heals what its peers recorded while it
+// was silent: they counted it down, and in the default ignore handling a
+// partition stays recorded until an app restarts (HealAndRejoin).
+func thawNode(n cluster.Node) func(context.Context, *cluster.Cluster) (string, error) {
+	return func(ctx context.Context, c *cluster.Cluster) (string, error) {
+		if err := c.Thaw(n); err != nil {
+			return "", err
+		}
+		return HealAndRejoin(ctx, c, n)
 	}
 }
 

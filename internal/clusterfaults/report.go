@@ -8,14 +8,15 @@ import (
 
 // Table renders results as a Markdown table, one row per fault and
 // variant, with the issue's targets for drainer and legacy judged in the
-// "target" column (upstream is measured, not judged).
+// "target" column (upstream is measured, not judged), and each resume
+// split into the broker's share and the client's (Result.BrokerReady).
 func Table(cfg Config, results []Result) string {
 	cfg.defaults()
 	var sb strings.Builder
 	sb.WriteString("| fault | round | variant | leader | resumed after | target | longest gap " +
 		"| confirmed | nacks | failovers / reopens / abandons | duplicates | redelivered | lost " +
-		"| unsettled | Close during the cut |\n")
-	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+		"| unsettled | Close during the cut | broker's share / client's |\n")
+	sb.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range results {
 		resume := "not within the window"
 		if r.Resumed {
@@ -28,14 +29,8 @@ func Table(cfg Config, results []Result) string {
 			} else {
 				target += " **missed**"
 			}
-			if r.Fault.ID == "5pmL" && r.NackedFirst {
-				share := "met"
-				if r.AfterNack > ClientShare {
-					share = "**missed**"
-				}
-				target += fmt.Sprintf("; %s after the last nack, ≤ %s %s",
-					ms(r.AfterNack), ms(ClientShare), share)
-			}
+			target += leaderLossShare(r)
+			target += frozenGap(r)
 		}
 		counters := fmt.Sprintf("%d / %d / %d", r.Failovers, r.Reopens, r.Abandons)
 		if r.Variant.Baseline {
@@ -52,13 +47,71 @@ func Table(cfg Config, results []Result) string {
 		if r.Lost > 0 {
 			lost = "**" + lost + "**"
 		}
+		shares := ""
+		if r.BrokerReadyOK && r.Resumed {
+			shares = ms(r.BrokerReady) + " / " + signedMs(r.Resume-r.BrokerReady)
+		}
 		fmt.Fprintf(&sb, "| %s | %d | %s | %s | %s | %s | %s | %d of %d | %d | %s | %d | %d | %s "+
-			"| %d | %s |\n",
+			"| %d | %s | %s |\n",
 			r.Fault.ID, r.Round, r.Variant.Name, r.Leader, resume, target, ms(r.MaxGap),
 			r.Confirmed, r.Published, r.Nacks, counters, r.Duplicates, r.Redelivered, lost,
-			r.Unsettled, closeCell)
+			r.Unsettled, closeCell, shares)
 	}
 	return sb.String()
+}
+
+// leaderLoss reports a fault that takes the queue's leader from the
+// publisher's node: no node confirms before the broker elected another.
+func leaderLoss(f Fault) bool { return f.ID == "5pmL" || f.ID == "8L" }
+
+// leaderLossShare judges the client's share of a leader's loss: from the
+// broker's readiness (or, unmeasured, its last nack) to the resume, at
+// most ClientShare. Empty for other faults, or with neither measured.
+func leaderLossShare(r Result) string {
+	if !leaderLoss(r.Fault) {
+		return ""
+	}
+	share, after := r.AfterNack, "the last nack"
+	switch {
+	case r.BrokerReadyOK && r.Resumed:
+		share, after = r.Resume-r.BrokerReady, "the broker's readiness"
+	case !r.NackedFirst:
+		return ""
+	}
+	return fmt.Sprintf("; %s after %s, ≤ %s %s", signedMs(share), after, ms(ClientShare),
+		verdict(share <= ClientShare))
+}
+
+// frozenGap judges the longest gap of a frozen publisher's node (issue
+// #43): at most the broker's share + 1 s when it leads the queue (8L),
+// at most the issue's 3 s when it does not (8).
+func frozenGap(r Result) string {
+	var bound time.Duration
+	switch {
+	case r.Fault.ID == "8L" && r.BrokerReadyOK:
+		bound = r.BrokerReady + time.Second
+	case r.Fault.ID == "8":
+		bound = 3 * time.Second
+	default:
+		return ""
+	}
+	return fmt.Sprintf("; gap ≤ %s %s", ms(bound), verdict(r.MaxGap <= bound))
+}
+
+func verdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "**missed**"
+}
+
+// signedMs is ms for a share that may come out below zero: a client that
+// resumed before the probe's confirm, which lands within probeEvery.
+func signedMs(d time.Duration) string {
+	if d < 0 {
+		return "−" + ms(-d)
+	}
+	return ms(d)
 }
 
 // Legend lists the faults of a table's rows, for its legend.

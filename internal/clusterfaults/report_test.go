@@ -32,6 +32,9 @@ func TestResumeTarget(t *testing.T) {
 		{reportConfig, "5pm", 3 * time.Second},
 		{reportConfig, "5pmL", 6500 * time.Millisecond}, // 1.25 × 4 s + 0.5 s + 1 s
 		{reportConfig, "6a", 4 * time.Second},
+		{reportConfig, "8L", 6500 * time.Millisecond},
+		{reportConfig, "8", 3 * time.Second},
+		{reportConfig, "8c", time.Second},
 		{reportConfig, "1", time.Second},
 		{reportConfig, "6b", time.Second},
 		{Config{}, "5+7", 3 * time.Second}, // the defaults: a 2 s confirm timeout
@@ -59,6 +62,7 @@ const (
 	colCounter = 9
 	colLost    = 12
 	colClose   = 14
+	colShares  = 15
 )
 
 // Each row judges drainer and legacy against the fault's target (at the
@@ -68,6 +72,7 @@ func TestTableJudges(t *testing.T) {
 	f1 := Fault{ID: "1"}
 	f5pmL := Fault{ID: "5pmL"}
 	f57 := Fault{ID: "5+7", CloseDuring: true}
+	f8L, f8 := Fault{ID: "8L"}, Fault{ID: "8"}
 	for _, tc := range []struct {
 		name string
 		r    Result
@@ -99,6 +104,24 @@ func TestTableJudges(t *testing.T) {
 			Resume: 6 * time.Second}, colTarget, "6500 ms met"},
 		{"5pmL: upstream's share is not judged", Result{Fault: f5pmL, Variant: upstream, Resumed: true,
 			Resume: 6 * time.Second, NackedFirst: true, AfterNack: 2 * time.Second}, colTarget, "6500 ms"},
+		{"5pmL: the client's share after the broker's readiness", Result{Fault: f5pmL, Variant: drainer,
+			Resumed: true, Resume: 6 * time.Second, BrokerReadyOK: true, BrokerReady: 5600 * time.Millisecond,
+			NackedFirst: true, AfterNack: 2 * time.Second},
+			colTarget, "6500 ms met; 400 ms after the broker's readiness, ≤ 1000 ms met"},
+		{"8L: the gap within the broker's share + 1 s", Result{Fault: f8L, Variant: drainer, Resumed: true,
+			Resume: 7 * time.Second, BrokerReadyOK: true, BrokerReady: 6500 * time.Millisecond,
+			MaxGap: 7200 * time.Millisecond},
+			colTarget, "6500 ms **missed**; 500 ms after the broker's readiness, ≤ 1000 ms met; gap ≤ 7500 ms met"},
+		{"8: the gap past 3 s", Result{Fault: f8, Variant: drainer, Resumed: true,
+			Resume: 2500 * time.Millisecond, MaxGap: 3100 * time.Millisecond},
+			colTarget, "3000 ms met; gap ≤ 3000 ms **missed**"},
+		{"the shares", Result{Fault: f1, Variant: upstream, Resumed: true, Resume: 900 * time.Millisecond,
+			BrokerReadyOK: true, BrokerReady: 300 * time.Millisecond}, colShares, "300 ms / 600 ms"},
+		{"a client ahead of the probe", Result{Fault: f1, Variant: drainer, Resumed: true,
+			Resume: 250 * time.Millisecond, BrokerReadyOK: true, BrokerReady: 300 * time.Millisecond},
+			colShares, "300 ms / −50 ms"},
+		{"no probe confirmed, no shares", Result{Fault: f1, Variant: drainer, Resumed: true,
+			Resume: 250 * time.Millisecond}, colShares, ""},
 		{"a long gap in seconds", Result{Fault: f1, Variant: drainer, MaxGap: 12340 * time.Millisecond},
 			colGap, "12.3 s"},
 		{"confirmed of published", Result{Fault: f1, Variant: drainer, Confirmed: 980, Published: 1000},
@@ -124,8 +147,8 @@ func TestTableJudges(t *testing.T) {
 		head := cells(lines[0])
 		rule := strings.Count(lines[1], "|---")
 		row := cells(lines[2])
-		if len(head) != 15 || rule != 15 || len(row) != 15 {
-			t.Fatalf("%s: %d, %d and %d columns, want 15:\n%s",
+		if len(head) != 16 || rule != 16 || len(row) != 16 {
+			t.Fatalf("%s: %d, %d and %d columns, want 16:\n%s",
 				tc.name, len(head), rule, len(row), strings.Join(lines, "\n"))
 		}
 		if row[tc.col] != tc.want {
