@@ -23,7 +23,7 @@ reliability: vendor
 soak: vendor
 	AMQP091_RELIABILITY=full $(GO) test -race -count=1 -v -timeout 20m -run TestSoak ./reliability/soak
 
-## cluster: the cluster suites (internal/cluster, reliability/cluster: every fault 3 times in every mode) on a three-node RabbitMQ cluster in network namespaces; as root with RabbitMQ installed, else one "skipped:" line
+## cluster: the cluster suites (internal/cluster, internal/nemesis: each nemesis fault alone, reliability/cluster: every fault 3 times in every mode) on a three-node RabbitMQ cluster in network namespaces; as root with RabbitMQ installed, else one "skipped:" line
 cluster:
 	@scripts/cluster-tests full
 

@@ -114,19 +114,11 @@ func (c *Cluster) Partition(n Node, how Cut) error {
 			return err
 		}
 	case CutPeers:
-		// Blackhole routes on both ends: packets vanish silently. (tc's
-		// drop action needs a module this kernel lacks, and there is no
-		// iptables or nft.)
 		for _, o := range Nodes {
 			if o == n {
 				continue
 			}
-			_, err := ip(ctx, "-n", nodeNS(n), "route", "replace", "blackhole", nodeIP(o)+"/32")
-			if err != nil {
-				return err
-			}
-			_, err = ip(ctx, "-n", nodeNS(o), "route", "replace", "blackhole", nodeIP(n)+"/32")
-			if err != nil {
+			if err := blackhole(ctx, n, o); err != nil {
 				return err
 			}
 		}
@@ -135,6 +127,37 @@ func (c *Cluster) Partition(n Node, how Cut) error {
 	}
 	c.log.Info("partitioned", "node", n, "cut", how)
 	return nil
+}
+
+// CutBetween cuts nodes x and y from each other only, each still seeing
+// the third: a bridge partition, where the third node sees both sides.
+// [Cluster.Heal] undoes it.
+func (c *Cluster) CutBetween(x, y Node) error {
+	if err := x.check(); err != nil {
+		return err
+	}
+	if err := y.check(); err != nil {
+		return err
+	}
+	if x == y {
+		return fmt.Errorf("cluster: cut between %s and itself", x)
+	}
+	if err := blackhole(context.Background(), x, y); err != nil {
+		return err
+	}
+	c.log.Info("partitioned", "between", []Node{x, y})
+	return nil
+}
+
+// blackhole routes x's packets to y, and y's to x, nowhere: they vanish
+// silently. (tc's drop action needs a module this kernel lacks, and there
+// is no iptables or nft.)
+func blackhole(ctx context.Context, x, y Node) error {
+	if _, err := ip(ctx, "-n", nodeNS(x), "route", "replace", "blackhole", nodeIP(y)+"/32"); err != nil {
+		return err
+	}
+	_, err := ip(ctx, "-n", nodeNS(y), "route", "replace", "blackhole", nodeIP(x)+"/32")
+	return err
 }
 
 // Heal removes every blackhole route and sets every hub link up again.
