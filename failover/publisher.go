@@ -50,12 +50,15 @@ type PublisherOptions struct {
 	ConfirmTimeout time.Duration
 
 	// MaxConfirmTimeout caps the backed-off confirm timeout (see
-	// ConfirmTimeout). Default 4 × ConfirmTimeout: the first node is
-	// given ConfirmTimeout, the next 2× and the one after 4×, so a broker
-	// that needs up to 7 × ConfirmTimeout to confirm again costs at most
-	// two abandonments, while a node that will never confirm (a cut node
-	// that DialFunc came back to) holds the publisher 4 × ConfirmTimeout
-	// at most, not the minutes a partition may last. Past the cap each
+	// ConfirmTimeout), and is the timeout of a node that answered a silent
+	// probe's reopen. Default 4 × ConfirmTimeout: the first node is given
+	// ConfirmTimeout; the next one, once it answers the channel.open that
+	// replaces its silent probe, 4× (a node that does not answer is left
+	// at once). So a broker that needs up to 5 × ConfirmTimeout to confirm
+	// again costs one abandonment (the cluster suite's frozen leader: up
+	// to 4.9 ×), while a node that will never confirm (a cut node that
+	// DialFunc came back to) holds the publisher 4 × ConfirmTimeout at
+	// most, not the minutes a partition may last. Past the cap each
 	// further abandonment costs a reconnection and a republish, which is
 	// cheap. A value other than 0 at or below ConfirmTimeout turns the
 	// backoff off.
@@ -935,8 +938,8 @@ func (p *Publisher) silentAfter() time.Duration { return p.o.ConfirmTimeout / 8 
 // but only at MaxConfirmTimeout (nodeAnswered): the node proved alive, and a
 // silence that followed the publisher from a failed node to a live one is
 // the queue's, which the next node would share. With the backed-off
-// timeout instead, an election of 9.0 s (the cluster suite's fault 8L)
-// had node c, healthy, abandoned 6.5 s after the freeze, for node a.
+// timeout instead, an election of about 9 s (the cluster suite's fault
+// 8L) had node c, healthy, abandoned 6.5 s after the freeze, for node a.
 func (p *Publisher) silentProbe(g *chanGen, now time.Time) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
