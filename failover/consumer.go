@@ -225,7 +225,7 @@ func (c *Consumer) probe(conn *amqp.Connection, drain *drainLoop, ch *amqp.Chann
 	err := ch.Qos(c.o.Prefetch, 0, false)
 	release()
 	if !timer.Stop() {
-		return fmt.Errorf("failover: the node answered no probe within %v after %v with no delivery: %w",
+		return fmt.Errorf("failover: no delivery for %v, and the node did not answer a probe within %v: %w",
 			silence, silence, amqp.ErrClosed)
 	}
 	return err

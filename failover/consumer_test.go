@@ -264,7 +264,7 @@ func TestConsumerProbeLeavesAFrozenNode(t *testing.T) {
 			t.Fatalf("Run: %v, want context.Canceled", err)
 		}
 		lost, ok := log.first(EventConnectionLost)
-		if !ok || !strings.Contains(lost.Err.Error(), "no probe") || !errors.Is(lost.Err, amqp.ErrClosed) {
+		if !ok || !strings.Contains(lost.Err.Error(), "did not answer a probe") || !errors.Is(lost.Err, amqp.ErrClosed) {
 			t.Fatalf("first connection loss %+v (found %v): want the probe's, wrapping amqp.ErrClosed", lost, ok)
 		}
 		if st := c.Stats(); st.Failovers < 1 || st.Connects < 2 {

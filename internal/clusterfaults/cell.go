@@ -144,9 +144,9 @@ type Result struct {
 	ConsumerReconnects int
 	// BrokerReady is how long after the fault a fresh channel on the
 	// fault's Probe node first had a publish to the variant's queue
-	// confirmed (readiness):
-	// the broker's share of the gap; Resume minus it is the client's.
-	// BrokerReadyOK says a probe was confirmed before the repair.
+	// confirmed (readiness): the broker's share of the gap; Resume minus
+	// it is the client's. BrokerReadyOK says a probe was confirmed before
+	// the repair.
 	BrokerReady   time.Duration
 	BrokerReadyOK bool
 	// Timeline is what package failover's publisher did from the fault
@@ -315,11 +315,7 @@ func (k *cell) deleteQueues() {
 // their leader there (each fault says where it wants it), and records the
 // leader the cluster reports, so that a table shows where it really was.
 func (k *cell) declare(ctx context.Context) error {
-	var names []string
-	for _, r := range k.runs {
-		names = append(names, r.queue)
-	}
-	if err := declareQueues(ctx, k.c, k.f.Leader, names); err != nil {
+	if err := declareQueues(ctx, k.c, k.f.Leader, k.runs); err != nil {
 		return err
 	}
 	if l, err := k.c.Leader(ctx, k.runs[0].queue); err == nil {
@@ -594,8 +590,7 @@ func pause(ctx context.Context, d time.Duration) {
 	}
 }
 
-// declareQueues declares quorum queues of the given names from node on.
-func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, names []string) error {
+func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, runs []*run) error {
 	conn, err := dialAdmin(ctx, c, on)
 	if err != nil {
 		return fmt.Errorf("declaring on %s: %w", on, err)
@@ -605,11 +600,11 @@ func declareQueues(ctx context.Context, c *cluster.Cluster, on cluster.Node, nam
 	if err != nil {
 		return err
 	}
-	for _, name := range names {
-		_, err := ch.QueueDeclare(name, true, false, false, false,
+	for _, r := range runs {
+		_, err := ch.QueueDeclare(r.queue, true, false, false, false,
 			amqp.Table{"x-queue-type": "quorum"})
 		if err != nil {
-			return fmt.Errorf("declaring %s: %w", name, err)
+			return fmt.Errorf("declaring %s: %w", r.queue, err)
 		}
 	}
 	return nil

@@ -281,10 +281,7 @@ func (r *run) fetchRest(ctx context.Context, c *cluster.Cluster) error {
 	}
 }
 
-func (r *run) deleteQueue(c *cluster.Cluster) { deleteQueue(c, r.queue) }
-
-// deleteQueue deletes queue, best effort.
-func deleteQueue(c *cluster.Cluster, queue string) {
+func (r *run) deleteQueue(c *cluster.Cluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	conn, err := dialAdmin(ctx, c, cluster.A)
@@ -293,7 +290,7 @@ func deleteQueue(c *cluster.Cluster, queue string) {
 	}
 	defer conn.Close()
 	if ch, err := conn.Channel(); err == nil {
-		_, _ = ch.QueueDelete(queue, false, false, false)
+		_, _ = ch.QueueDelete(r.queue, false, false, false)
 	}
 }
 
