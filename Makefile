@@ -5,7 +5,7 @@ GO ?= go
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 ACTIONLINT  := github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 
-.PHONY: vendor test bench bench-full ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster rebase canary drift
+.PHONY: vendor test bench bench-full ab bench-smoke lint upstream-tests upstream-tests-pristine thirdparty actionlint modfiles reliability soak cluster chaos rebase canary drift
 
 ## vendor: fetch the pinned amqp091-go, verify it, apply patches and overlay (a no-op when up to date)
 vendor:
@@ -26,6 +26,14 @@ soak: vendor
 ## cluster: the cluster suites (internal/cluster, internal/nemesis: each nemesis fault alone, reliability/cluster: every fault 3 times in every mode) on a three-node RabbitMQ cluster in network namespaces; as root with RabbitMQ installed, else one "skipped:" line
 cluster:
 	@scripts/cluster-tests full
+
+## chaos: the nemesis on a three-node cluster: per seed, a randomized fault schedule against a workload per read mode at once, then the checker
+## (DURATION=10m, SEED=1 or SEED=1,2,3, MODES=drainer,legacy-autodrain,upstream); report in .cache/chaos/REPORT.md; exits 1 on a loss, a leak or a workload that never confirms again
+DURATION ?= 10m
+SEED ?= 1
+MODES ?= drainer,legacy-autodrain,upstream
+chaos: vendor
+	$(GO) run ./internal/nemesis/cmd/chaos -duration $(DURATION) -seeds $(SEED) -modes $(MODES) -out .cache/chaos
 
 ## bench: the headline scenarios, pristine against the patched build in legacy and drainer modes (go-floor in the drain), 3 reps (6 minutes);
 ## report in .cache/bench/quick/BENCHMARKS.md. FULL=1: the whole suite, as bench-full (the runner's -plan quick or full)

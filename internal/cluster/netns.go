@@ -160,7 +160,8 @@ func blackhole(ctx context.Context, x, y Node) error {
 	return err
 }
 
-// Heal removes every blackhole route and sets every hub link up again.
+// Heal removes every blackhole route between nodes and sets every hub
+// link up again; client cuts stay until [Cluster.RestoreClient].
 // Whether the nodes then merge again depends on the partition handling
 // mode and on whether they noticed the cut at all; see
 // [Cluster.WaitRunning].
@@ -174,7 +175,7 @@ func (c *Cluster) Heal() error {
 		}
 		for line := range strings.Lines(out) {
 			f := strings.Fields(line)
-			if len(f) >= 2 && f[0] == "blackhole" {
+			if len(f) >= 2 && f[0] == "blackhole" && !isClientIP(f[1]) {
 				if _, err := ip(ctx, "-n", nodeNS(n), "route", "del", "blackhole", f[1]); err != nil {
 					errs = append(errs, err)
 				}
@@ -203,12 +204,17 @@ func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Co
 
 // dialIn creates a socket inside the network namespace at nsFile and
 // connects it.
+func dialIn(ctx context.Context, nsFile, network, addr string) (net.Conn, error) {
+	return dialInFrom(ctx, nsFile, "", network, addr)
+}
+
+// dialInFrom is dialIn from the local address local ("" for any).
 //
 // A network namespace belongs to a thread, so the dial runs on a goroutine
 // locked to its thread, which enters the namespace and leaves it again. If
 // leaving fails the goroutine exits still locked, and the runtime then
 // ends that thread rather than reuse it in the wrong namespace.
-func dialIn(ctx context.Context, nsFile, network, addr string) (net.Conn, error) {
+func dialInFrom(ctx context.Context, nsFile, local, network, addr string) (net.Conn, error) {
 	type result struct {
 		conn net.Conn
 		err  error
@@ -243,6 +249,9 @@ func dialIn(ctx context.Context, nsFile, network, addr string) (net.Conn, error)
 			return
 		}
 		var d net.Dialer
+		if local != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(local)}
+		}
 		conn, err := d.DialContext(ctx, network, addr)
 		if rerr := setns(self); rerr != nil {
 			if conn != nil {

@@ -114,3 +114,22 @@ func TestWriteFiles(t *testing.T) {
 		t.Fatalf("the foreign directory lost its file: %v", err)
 	}
 }
+
+// Client addresses are 10.201.0.101 to .200, and only those are left to
+// RestoreClient by Heal.
+func TestClientAddresses(t *testing.T) {
+	if a, err := ClientIP(1); err != nil || a != "10.201.0.101" {
+		t.Fatalf("ClientIP(1) = %q, %v", a, err)
+	}
+	for _, k := range []int{0, 101} {
+		if _, err := ClientIP(k); err == nil {
+			t.Errorf("ClientIP(%d) accepted", k)
+		}
+	}
+	for dst, want := range map[string]bool{"10.201.0.101/32": true, "10.201.0.200": true,
+		"10.201.0.2/32": false, "10.201.0.254": false, "10.202.0.101": false, "default": false} {
+		if got := isClientIP(dst); got != want {
+			t.Errorf("isClientIP(%q) = %v, want %v", dst, got, want)
+		}
+	}
+}

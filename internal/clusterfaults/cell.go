@@ -171,7 +171,7 @@ func (c Config) ResumeTarget(f Fault) time.Duration {
 	switch f.ID {
 	case "5+7", "5pm", "8":
 		return c.ConfirmTimeout + time.Second
-	case "5pmL", "8L":
+	case "5pmL", "8L", "8o":
 		// The bound, with its estimate of the election; the
 		// table also judges the client's share alone (ClientShare).
 		return c.NetTicktime*5/4 + electionTime + time.Second
@@ -182,7 +182,7 @@ func (c Config) ResumeTarget(f Fault) time.Duration {
 	}
 }
 
-// ClientShare bounds the client's share of a leader's loss (5pmL, 8L):
+// ClientShare bounds the client's share of a leader's loss (5pmL, 8L, 8o):
 // from the broker's readiness (Result.BrokerReady), or its last nack, to
 // the first confirm of a message published after the fault.
 // failover.Publisher caps a nack storm's reopen delay, and reopens a

@@ -66,7 +66,9 @@ type Fault struct {
 // Faults are the issue's faults 1 to 7 (7 rides on 5; 5pm is 5 under
 // pause_minority instead of RabbitMQ's default ignore; 5pmL is 5pm with
 // the queue's leader on the cut node), and issue #43's frozen nodes (8L,
-// 8, 8c). hold is how long a partition or a freeze is kept. It is a
+// 8, 8c), with 8o, which the nemesis found (issue #42, seed 1): the
+// leader frozen while the publisher is on a healthy node, whose channel
+// goes silent until the election is over. hold is how long a partition or a freeze is kept. It is a
 // table: each fault's injection and repair are built by the helpers below
 // it.
 func Faults(hold time.Duration) []Fault {
@@ -119,6 +121,9 @@ func Faults(hold time.Duration) []Fault {
 		{ID: "8", Name: "the publisher's node frozen (SIGSTOP), not the leader",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.C,
 			Inject: freezeNode(cluster.B), Hold: hold, Repair: thawNode(cluster.B), Partition: true},
+		{ID: "8o", Name: "the leader frozen (SIGSTOP), the publisher on another node",
+			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.B,
+			Inject: freezeNode(cluster.A), Hold: hold, Repair: thawNode(cluster.A), Partition: true},
 		{ID: "8c", Name: "the consumer's node frozen (SIGSTOP)",
 			Leader: cluster.A, Publisher: cluster.B, Consumer: cluster.C, Probe: cluster.B,
 			Inject: freezeNode(cluster.C), Hold: hold, Repair: thawNode(cluster.C), Partition: true,

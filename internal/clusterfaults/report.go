@@ -60,9 +60,10 @@ func Table(cfg Config, results []Result) string {
 	return sb.String()
 }
 
-// leaderLoss reports a fault that takes the queue's leader from the
-// publisher's node: no node confirms before the broker elected another.
-func leaderLoss(f Fault) bool { return f.ID == "5pmL" || f.ID == "8L" }
+// leaderLoss reports a fault that takes the queue's leader away, from
+// the publisher's node or another: no node confirms before the broker
+// elected another.
+func leaderLoss(f Fault) bool { return f.ID == "5pmL" || f.ID == "8L" || f.ID == "8o" }
 
 // leaderLossShare judges the client's share of a leader's loss: from the
 // broker's readiness (or, unmeasured, its last nack) to the resume, at
@@ -84,11 +85,12 @@ func leaderLossShare(r Result) string {
 
 // frozenGap judges the longest gap of a frozen publisher's node (issue
 // #43): at most the broker's share + 1 s when it leads the queue (8L),
-// at most the issue's 3 s when it does not (8).
+// or when the leader frozen is another node (8o), at most the issue's 3 s
+// when it does not (8).
 func frozenGap(r Result) string {
 	var bound time.Duration
 	switch {
-	case r.Fault.ID == "8L" && r.BrokerReadyOK:
+	case (r.Fault.ID == "8L" || r.Fault.ID == "8o") && r.BrokerReadyOK:
 		bound = r.BrokerReady + time.Second
 	case r.Fault.ID == "8":
 		bound = 3 * time.Second

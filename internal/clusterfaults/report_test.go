@@ -33,6 +33,7 @@ func TestResumeTarget(t *testing.T) {
 		{reportConfig, "5pmL", 6500 * time.Millisecond}, // 1.25 × 4 s + 0.5 s + 1 s
 		{reportConfig, "6a", 4 * time.Second},
 		{reportConfig, "8L", 6500 * time.Millisecond},
+		{reportConfig, "8o", 6500 * time.Millisecond},
 		{reportConfig, "8", 3 * time.Second},
 		{reportConfig, "8c", time.Second},
 		{reportConfig, "1", time.Second},

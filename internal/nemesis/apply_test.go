@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster/clustertest"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/clusterfaults"
 )
 
@@ -47,23 +48,9 @@ func TestApplyWithoutACluster(t *testing.T) {
 // nodes run again and no partition stays recorded. Runs where the cluster
 // suites run (AMQP091_CLUSTER set, as root with RabbitMQ installed).
 func TestApplyEachNodeFaultAlone(t *testing.T) {
-	if os.Getenv("AMQP091_CLUSTER") == "" {
-		t.Skip("AMQP091_CLUSTER is not set: the cluster suites run under make cluster and .ci/run")
-	}
-	if ok, reason := cluster.Usable(); !ok {
-		t.Skip("skipped: " + reason)
-	}
+	c := sharedCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	c, err := cluster.Start(ctx, cluster.Options{PartitionHandling: "ignore", NetTicktime: 5})
-	if err != nil {
-		t.Fatalf("starting the cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := c.Stop(); err != nil {
-			t.Errorf("stopping the cluster: %v", err)
-		}
-	})
 	for _, a := range []Action{
 		{Kind: Kill, Nodes: []cluster.Node{cluster.B}},
 		{Kind: StopApp, Nodes: []cluster.Node{cluster.B}},
@@ -93,12 +80,12 @@ func TestApplyEachNodeFaultAlone(t *testing.T) {
 	}
 }
 
-// hold keeps a fault for d: the fault's duration, not a synchronisation.
-func hold(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
+// sharedCluster is the package's cluster, where the cluster suites run
+// (AMQP091_CLUSTER set, as root with RabbitMQ installed).
+func sharedCluster(t *testing.T) *cluster.Cluster {
+	t.Helper()
+	if os.Getenv("AMQP091_CLUSTER") == "" {
+		t.Skip("AMQP091_CLUSTER is not set: the cluster suites run under make cluster and .ci/run")
 	}
+	return clustertest.Shared(t)
 }

@@ -13,10 +13,8 @@ func ExampleGenerate() {
 	s := nemesis.Generate(7, nemesis.Options{Duration: 2 * time.Minute})
 	fmt.Print(s)
 	// Output:
-	// nemesis: seed 7, 2m0s, 5 faults (at most 2 at once, at most one node out)
+	// nemesis: seed 7, 2m0s, 3 faults (at most 2 at once, at most one node out)
 	//     19.0s  client-link   workload held 11.3s
 	//     55.6s  partition     b        held 7.3s
-	//     67.0s  freeze-node   b        held 3.4s
-	//     81.9s  bridge        b|c      held 8.8s
 	//    106.9s  stop-app      c        held 3.6s
 }

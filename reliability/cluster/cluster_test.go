@@ -6,11 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/cluster/clustertest"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/clusterfaults"
 	"github.com/amqp091-drainer/amqp091-drainer/internal/testenv"
 )
@@ -36,52 +36,11 @@ func rounds(t *testing.T) int {
 	return 0
 }
 
-// netTicktime is the cluster's net_ticktime, in seconds: short, so that a
-// cut is noticed (and a healed partition recorded) within a cell's hold.
-const netTicktime = 5
-
-// shared is the package's one cluster: booting three nodes costs half a
-// minute, so every test uses the same, and it stops when the binary ends.
-var shared struct {
-	once sync.Once
-	c    *cluster.Cluster
-	err  error
-}
+// netTicktime is the cluster's net_ticktime, in seconds.
+const netTicktime = clustertest.NetTicktime
 
 // startCluster returns the package's cluster, starting it on first use.
-func startCluster(t *testing.T) *cluster.Cluster {
-	t.Helper()
-	if ok, reason := cluster.Usable(); !ok {
-		t.Skip("skipped: " + reason)
-	}
-	shared.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		t0 := time.Now()
-		shared.c, shared.err = cluster.Start(ctx, cluster.Options{
-			// RabbitMQ's default partition handling.
-			PartitionHandling: "ignore",
-			NetTicktime:       netTicktime,
-		})
-		if shared.err != nil {
-			return
-		}
-		t.Logf("cluster of three up in %v", time.Since(t0).Round(100*time.Millisecond))
-		c := shared.c
-		if err := testenv.AtExit(func() {
-			if err := c.Stop(); err != nil {
-				fmt.Fprintf(os.Stderr, "stopping the cluster: %v\n", err)
-			}
-		}); err != nil {
-			_ = c.Stop()
-			shared.err = err
-		}
-	})
-	if shared.err != nil {
-		t.Fatalf("starting the cluster: %v", shared.err)
-	}
-	return shared.c
-}
+func startCluster(t *testing.T) *cluster.Cluster { return clustertest.Shared(t) }
 
 // TestFaults runs every fault in every variant and checks the books. Each
 // fault is a subtest named by its ID, so that one fault runs alone with

@@ -28,7 +28,7 @@
 // they are judged by the benchmark, not here.
 //
 // A plain go test ./... skips it. AMQP091_CLUSTER=short (.ci/run) runs each
-// fault once; AMQP091_CLUSTER=full (make cluster) three times, 36 faults
+// fault once; AMQP091_CLUSTER=full (make cluster) three times, 39 faults
 // per mode. Each fault is a subtest named by its ID and round, so that
 // go test -run 'TestFaults/5pmL$' runs every round of one fault. Where the
 // machine cannot run a cluster (not root, no ip netns, no RabbitMQ

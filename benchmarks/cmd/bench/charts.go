@@ -2,8 +2,6 @@ package main
 
 import (
 	"fmt"
-	"image/color"
-	"os"
 	"path/filepath"
 	"strings"
 
@@ -11,18 +9,13 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
-	"gonum.org/v1/plot/vg/vgimg"
 
 	"github.com/amqp091-drainer/amqp091-drainer/benchmarks/scenario"
+	"github.com/amqp091-drainer/amqp091-drainer/internal/chart"
 )
 
 // variantColors keeps each variant's colour the same in every chart.
-var variantColors = map[string]color.Color{
-	"pristine": color.RGBA{R: 120, G: 120, B: 120, A: 255},
-	"upstream": color.RGBA{R: 31, G: 119, B: 180, A: 255},
-	"legacy":   color.RGBA{R: 214, G: 39, B: 40, A: 255},
-	"drainer":  color.RGBA{R: 44, G: 160, B: 44, A: 255},
-}
+var variantColors = chart.VariantColors
 
 // floorMs keeps zero latencies on a log axis.
 const floorMs = 0.001
@@ -43,7 +36,7 @@ func drawCharts(s suite, dir string) (map[string]string, error) {
 					continue
 				}
 				file := filepath.Join(dir, fileName(sr.Name, cr.Case, name)+".png")
-				if err := saveWithLegendBelow(p, legend, 16*vg.Centimeter, 10*vg.Centimeter, file); err != nil {
+				if err := chart.SaveWithLegendBelow(p, legend, 16*vg.Centimeter, 10*vg.Centimeter, file); err != nil {
 					return nil, err
 				}
 				files[chartKey(sr.Name, cr.Case, name)] = file
@@ -90,14 +83,14 @@ func fileName(parts ...string) string {
 
 // latencyChart plots, per variant, latency against percentile on a log
 // scale, from the median over repetitions of each percentile. It returns
-// the legend's entries apart, for saveWithLegendBelow to draw outside the
+// the legend's entries apart, for chart.SaveWithLegendBelow to draw outside the
 // data, and a nil plot when no variant has the latency.
 //
 // Variants often coincide (in stalled-listener every build but the drainer
 // waits out the same stall), so each one is drawn wider than the next, in
 // the order of cr.Variants: a line drawn over another of the same values
 // leaves the one below showing on both sides.
-func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, []legendEntry, error) {
+func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, []chart.Entry, error) {
 	p := plot.New()
 	p.Title.Text = strings.Join(strings.Fields(fmt.Sprintf("%s %s", sr.Name, cr.Case)), " ") + ": " + name + " latency"
 	p.X.Label.Text = "percentile"
@@ -114,7 +107,7 @@ func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, []
 		return nil, nil, nil
 	}
 	var labels []string
-	var legend []legendEntry
+	var legend []chart.Entry
 	for k, v := range drawn {
 		pts := cr.Points[v][name]
 		xy := make(plotter.XYs, len(pts))
@@ -136,7 +129,7 @@ func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, []
 		points.Shape = draw.CircleGlyph{}
 		points.Radius = vg.Points(2.5 + 1.75*below)
 		p.Add(line, points)
-		legend = append(legend, legendEntry{v, []plot.Thumbnailer{line, points}})
+		legend = append(legend, chart.Entry{Label: v, Thumbs: []plot.Thumbnailer{line, points}})
 	}
 	ticks := make([]plot.Tick, len(labels))
 	for i, l := range labels {
@@ -147,42 +140,6 @@ func latencyChart(sr scenarioResult, cr caseResult, name string) (*plot.Plot, []
 	// along the top edge under the title.
 	p.Y.Max *= 1.5
 	return p, legend, nil
-}
-
-// legendEntry is one line of a chart's legend.
-type legendEntry struct {
-	label  string
-	thumbs []plot.Thumbnailer
-}
-
-// saveWithLegendBelow writes p as a w×h PNG with its legend in a row of
-// its own under the plot, where it cannot cover any data.
-func saveWithLegendBelow(p *plot.Plot, legend []legendEntry, w, h vg.Length, file string) error {
-	const colW = 3 * vg.Centimeter
-	stripH := 0.8 * vg.Centimeter
-	img := vgimg.New(w, h)
-	dc := draw.New(img)
-	p.Draw(draw.Crop(dc, 0, 0, stripH, 0))
-	strip := draw.Crop(dc, 0, 0, 0, -(h - stripH))
-	left := strip.Min.X + (strip.Max.X-strip.Min.X-vg.Length(len(legend))*colW)/2
-	for i, e := range legend {
-		lg := plot.NewLegend()
-		lg.Top, lg.Left = true, true
-		lg.Add(e.label, e.thumbs...)
-		c := strip
-		c.Min.X = left + vg.Length(i)*colW
-		c.Max.X = c.Min.X + colW
-		lg.Draw(c)
-	}
-	f, err := os.Create(file)
-	if err != nil {
-		return err
-	}
-	if _, err := (vgimg.PngCanvas{Canvas: img}).WriteTo(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 func ratioCount(s suite) int {
