@@ -28,8 +28,8 @@ var kindColors = map[Kind]color.RGBA{
 	FreezeClient: {R: 188, G: 189, B: 34},
 }
 
-// PerSecond counts times into one-second bins from start, over n seconds.
-func PerSecond(times []time.Time, start time.Time, n int) plotter.XYs {
+// perSecond counts times into one-second bins from start, over n seconds.
+func perSecond(times []time.Time, start time.Time, n int) plotter.XYs {
 	xy := make(plotter.XYs, n)
 	for i := range xy {
 		xy[i].X = float64(i) + 0.5
@@ -56,7 +56,7 @@ func Timeline(mr ModeResult, ran Schedule, file string) error {
 	for _, a := range ran.Actions {
 		n = max(n, int(a.End()/time.Second)+1)
 	}
-	cps, dps := PerSecond(confirms, mr.History.Start, n), PerSecond(deliveries, mr.History.Start, n)
+	cps, dps := perSecond(confirms, mr.History.Start, n), perSecond(deliveries, mr.History.Start, n)
 	top := 1.0
 	for i := range cps {
 		top = max(top, cps[i].Y, dps[i].Y)

@@ -55,7 +55,8 @@ type Action struct {
 	// the one cut off (Partition), or a bridge's two ends, which no
 	// longer see each other. Empty for a client fault.
 	Nodes []cluster.Node
-	// Client is the client a client fault acts on.
+	// Client is what a client fault acts on: a client whose link is cut
+	// ("drainer/p1"), or a workload process that is frozen ("drainer").
 	Client string
 	// Start is when it is injected, from the schedule's start; it is
 	// healed Hold later.
