@@ -225,3 +225,28 @@ func Example_publishBatch() {
 		}
 	}
 }
+
+// A provider that says when its token expires (amqp.ExpiringAuth) has the
+// connection ask it again at 80% of the token's life and install the new
+// token with update-secret, without reconnecting (docs/oauth2.md).
+func ExampleDialConfig_expiringCredentials() {
+	fetch := func(ctx context.Context) (token string, expiry time.Time, err error) {
+		return "", time.Time{}, errors.New("ask your identity provider here")
+	}
+	cfg := amqp.Config{
+		Credentials: func(ctx context.Context) (amqp.Authentication, error) {
+			token, expiry, err := fetch(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return amqp.ExpiringAuth{Authentication: &amqp.PlainAuth{Password: token}, Expires: expiry}, nil
+		},
+		SafeRecovery: true, // the opt-in of compat.Upstream; the other modes refresh anyway
+	}
+	conn, err := compat.DialConfig("amqp://rabbit.example:5672/", cfg, compat.Drainer)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer conn.Close()
+	log.Printf("token expires at %v", conn.Stats().Credentials.Expires)
+}

@@ -88,25 +88,38 @@
 // amqp091.publish.confirmed, amqp091.publish.nacked,
 // amqp091.publish.returned, amqp091.confirm.latency (seconds),
 // amqp091.delivery.acked, amqp091.delivery.nacked,
-// amqp091.delivery.rejected, amqp091.rpc.duration (by amqp091.rpc.method),
-// amqp091.budget.pauses, amqp091.budget.pause.duration,
-// amqp091.listener.dropped and amqp091.connection.events. Data points to
-// a server-named queue carry messaging.destination.anonymous instead of
-// its name, which is new for every queue. A delivery is counted consumed
-// when the read path decodes it, before the application receives it;
-// acknowledgements count calls, so a multiple ack counts once.
+// amqp091.delivery.rejected, amqp091.delivery.settle_refused (error.type
+// stale_delivery or unknown_delivery_tag), amqp091.rpc.duration (by
+// amqp091.rpc.method), amqp091.budget.pauses,
+// amqp091.budget.pause.duration, amqp091.listener.dropped,
+// amqp091.connection.events and amqp091.credential.refreshes (expiring
+// credentials refreshed with update-secret; error.type provider, expired
+// or refused on a failure, a fixed set that never carries the error's
+// text or a secret). Data points to a server-named queue carry
+// messaging.destination.anonymous instead of its name, which is new for
+// every queue. A delivery is counted consumed when the read path decodes
+// it, before the application receives it; acknowledgements count calls,
+// so a multiple ack counts once.
 //
 // RegisterStats adds observable gauges read from (*amqp.Connection).Stats
 // at each collection: the drainer's budget (amqp091.budget.used,
 // amqp091.budget.limit, amqp091.budget.paused), what waits for listeners
 // (amqp091.listener.queued, by amqp091.listener.kind) and for consumers
-// (amqp091.consumer.queued), and the bytes moved (amqp091.connection.io):
+// (amqp091.consumer.queued), the bytes moved (amqp091.connection.io), and
+// when the secret the broker holds expires (amqp091.credential.expiry, in
+// Unix seconds, while the connection's credentials expire):
 //
 //	unregister, err := otelamqp.RegisterStats(conn,
 //		otelamqp.WithMeterProvider(mp),
 //		otelamqp.WithAttributes(attribute.String("connection", "orders")))
 //	...
 //	defer unregister()
+//
+// Each count comes from one source: refreshes are counted by the
+// Observer, which knows why one failed, and only the expiry, a state
+// rather than an event, is read from Stats. An upstream-mode connection
+// (with Config.SafeRecovery) refreshes too but calls no Observer: it
+// reports the expiry and no count.
 //
 // # Cost
 //

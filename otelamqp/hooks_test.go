@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/amqp091-drainer/amqp091-drainer/otelamqp"
@@ -196,6 +199,54 @@ func TestMetricsHooks(t *testing.T) {
 		if got := sum(t, rm, c.name, c.match...); got != c.want {
 			t.Errorf("%s%v = %d, want %d", c.name, c.match, got, c.want)
 		}
+	}
+}
+
+// TestCredentialRefreshed feeds Refreshed one outcome of each kind: a
+// failure is counted under one of three fixed error.type values derived
+// from the error, never its text, which here quotes a secret.
+func TestCredentialRefreshed(t *testing.T) {
+	tel := newTelemetry(t)
+	obs := otelamqp.NewObserver(tel.options()...)
+	const secret = "eyJhbGciOi-secret"
+	expires := time.Now().Add(time.Hour)
+	ok := amqp.RefreshInfo{Expires: expires, Took: 3 * time.Millisecond}
+	failed := func(err error) amqp.RefreshInfo {
+		return amqp.RefreshInfo{Expires: expires, Took: time.Millisecond, Err: err}
+	}
+	obs.Refreshed(ok)
+	obs.Refreshed(ok)
+	obs.Refreshed(failed(fmt.Errorf("%w for broker:5672: %w", amqp.ErrCredentialsProvider,
+		errors.New("token endpoint: 401 for "+secret))))
+	obs.Refreshed(failed(fmt.Errorf("%w for broker:5672: no answer within 30s: %w",
+		amqp.ErrCredentialsProvider, context.DeadlineExceeded)))
+	obs.Refreshed(failed(fmt.Errorf("%w: the provider's new secret expired at 2026-01-01T00:00:00Z",
+		amqp.ErrCredentialsExpired)))
+	obs.Refreshed(failed(fmt.Errorf("amqp: update-secret refused by broker:5672: %w",
+		&amqp.Error{Code: 530, Reason: "NOT_ALLOWED - " + secret})))
+	obs.Refreshed(failed(fmt.Errorf("amqp: update-secret refused by broker:5672: %w", amqp.ErrClosed)))
+
+	rm := tel.collect(t)
+	m := findMetric(rm, otelamqp.MetricCredentialRefreshes)
+	if m == nil {
+		t.Fatalf("%s missing", otelamqp.MetricCredentialRefreshes)
+	}
+	if m.Unit != "{refresh}" {
+		t.Errorf("unit %q, want {refresh}", m.Unit)
+	}
+	got := map[string]int64{}
+	for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		errType, _ := p.Attributes.Value("error.type")
+		got[errType.AsString()] += p.Value
+		for _, kv := range p.Attributes.ToSlice() {
+			if v := kv.Value.String(); strings.Contains(v, secret) || strings.Contains(v, "broker:5672") {
+				t.Errorf("attribute %s = %q carries the error's text", kv.Key, v)
+			}
+		}
+	}
+	want := map[string]int64{"": 2, "provider": 2, "expired": 1, "refused": 2}
+	if !maps.Equal(got, want) {
+		t.Errorf("refreshes by error.type %v, want %v", got, want)
 	}
 }
 

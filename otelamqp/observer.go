@@ -20,19 +20,20 @@ import (
 
 // Names of the metrics that the semantic conventions do not define.
 const (
-	MetricPublishConfirmed = "amqp091.publish.confirmed"
-	MetricPublishNacked    = "amqp091.publish.nacked"
-	MetricPublishReturned  = "amqp091.publish.returned"
-	MetricConfirmLatency   = "amqp091.confirm.latency"
-	MetricDeliveryAcked    = "amqp091.delivery.acked"
-	MetricDeliveryNacked   = "amqp091.delivery.nacked"
-	MetricDeliveryRejected = "amqp091.delivery.rejected"
-	MetricSettleRefused    = "amqp091.delivery.settle_refused"
-	MetricRPCDuration      = "amqp091.rpc.duration"
-	MetricBudgetPauses     = "amqp091.budget.pauses"
-	MetricBudgetPauseTime  = "amqp091.budget.pause.duration"
-	MetricListenerDropped  = "amqp091.listener.dropped"
-	MetricConnectionEvents = "amqp091.connection.events"
+	MetricPublishConfirmed    = "amqp091.publish.confirmed"
+	MetricPublishNacked       = "amqp091.publish.nacked"
+	MetricPublishReturned     = "amqp091.publish.returned"
+	MetricConfirmLatency      = "amqp091.confirm.latency"
+	MetricDeliveryAcked       = "amqp091.delivery.acked"
+	MetricDeliveryNacked      = "amqp091.delivery.nacked"
+	MetricDeliveryRejected    = "amqp091.delivery.rejected"
+	MetricSettleRefused       = "amqp091.delivery.settle_refused"
+	MetricRPCDuration         = "amqp091.rpc.duration"
+	MetricBudgetPauses        = "amqp091.budget.pauses"
+	MetricBudgetPauseTime     = "amqp091.budget.pause.duration"
+	MetricListenerDropped     = "amqp091.listener.dropped"
+	MetricConnectionEvents    = "amqp091.connection.events"
+	MetricCredentialRefreshes = "amqp091.credential.refreshes"
 )
 
 // Attribute keys of this instrumentation, for what the semantic
@@ -83,6 +84,7 @@ type observer struct {
 	budgetPauseTime             metric.Float64Histogram
 	listenerDropped             metric.Int64Counter
 	connEvents                  metric.Int64Counter
+	credentialRefreshes         metric.Int64Counter
 
 	// Sets built once for the hooks whose attributes do not vary per
 	// message, so that recording does not allocate.
@@ -125,6 +127,7 @@ func NewObserver(opts ...Option) *amqp.Observer {
 		BudgetResumed:   o.budgetResumed,
 		ListenerDropped: o.listenerDroppedHook,
 		Connection:      o.connection,
+		Refreshed:       o.refreshedHook,
 	}
 }
 
@@ -195,6 +198,7 @@ func newObserver(cfg *config) *observer {
 	o.budgetPauseTime = histogram(MetricBudgetPauseTime, "How long the drainer's reading paused for the budget.")
 	o.listenerDropped = counter(MetricListenerDropped, "{listener}", "Listeners closed by the stall policy.")
 	o.connEvents = counter(MetricConnectionEvents, "{event}", "Connection opens, recoveries, closes and failures.")
+	o.credentialRefreshes = counter(MetricCredentialRefreshes, "{refresh}", "Refreshes of expiring credentials (OAuth 2 tokens) with update-secret; a failed one has error.type provider (the provider failed, hung or returned nothing), expired (it returned an expired secret) or refused (the broker refused update-secret, or the connection closed).")
 	return o
 }
 
@@ -438,6 +442,35 @@ func (o *observer) refusedHook(si amqp.SettleInfo, err error) {
 	}
 	set := extend(o.base.set, AttrSettleKind.String(si.Kind.String()), semconv.ErrorTypeKey.String(reason))
 	o.settleRefused.Add(context.Background(), 1, metric.WithAttributeSet(set))
+}
+
+// refreshedHook counts a refresh of expiring credentials, on the
+// refresh's goroutine. Refreshes come minutes apart, so a failure builds
+// its set each time.
+func (o *observer) refreshedHook(ri amqp.RefreshInfo) {
+	if ri.Err == nil {
+		o.credentialRefreshes.Add(context.Background(), 1, o.base.add...)
+		return
+	}
+	set := extend(o.base.set, semconv.ErrorTypeKey.String(refreshFailure(ri.Err)))
+	o.credentialRefreshes.Add(context.Background(), 1, metric.WithAttributeSet(set))
+}
+
+// refreshFailure is error.type for a failed refresh: one of three fixed
+// values, never the error's text, which names the endpoint and may quote
+// the provider's error. errorType would not do: a provider's error wraps
+// whatever the provider returned, so error.type would take the
+// application's error types as values. A refusal's reply code is on the
+// connection.update-secret data point of amqp091.rpc.duration already.
+func refreshFailure(err error) string {
+	switch {
+	case errors.Is(err, amqp.ErrCredentialsProvider):
+		return "provider"
+	case errors.Is(err, amqp.ErrCredentialsExpired):
+		return "expired"
+	default: // update-secret: the broker's *amqp.Error, or amqp.ErrClosed
+		return "refused"
+	}
 }
 
 func (o *observer) rpc(ri amqp.RPCInfo) {

@@ -12,12 +12,13 @@ import (
 
 // Names of the metrics RegisterStats observes.
 const (
-	MetricBudgetUsed      = "amqp091.budget.used"
-	MetricBudgetLimit     = "amqp091.budget.limit"
-	MetricBudgetPaused    = "amqp091.budget.paused"
-	MetricListenerQueued  = "amqp091.listener.queued"
-	MetricConsumerQueued  = "amqp091.consumer.queued"
-	MetricConnectionBytes = "amqp091.connection.io"
+	MetricBudgetUsed       = "amqp091.budget.used"
+	MetricBudgetLimit      = "amqp091.budget.limit"
+	MetricBudgetPaused     = "amqp091.budget.paused"
+	MetricListenerQueued   = "amqp091.listener.queued"
+	MetricConsumerQueued   = "amqp091.consumer.queued"
+	MetricConnectionBytes  = "amqp091.connection.io"
+	MetricCredentialExpiry = "amqp091.credential.expiry"
 )
 
 // listenerKinds are the kinds RegisterStats always reports, with 0 when
@@ -44,7 +45,11 @@ var listenerKinds = []amqp.ListenerKind{
 //     buffers, summed over consumers (consumer tags are too many to be
 //     attributes);
 //   - amqp091.connection.io (By), a counter: bytes read and written, by
-//     network.io.direction.
+//     network.io.direction;
+//   - amqp091.credential.expiry (s): when the secret the broker holds
+//     expires, in Unix seconds, only while the connection's credentials
+//     expire (amqp.ExpiringAuth); in every mode, upstream's with
+//     Config.SafeRecovery. The time left is this minus the present.
 //
 // Every observation carries amqp091.read_mode and the WithAttributes and
 // WithServerAddress attributes: give each connection an attribute of its
@@ -71,7 +76,14 @@ func RegisterStats(conn *amqp.Connection, opts ...Option) (unregister func() err
 		metric.WithDescription("Deliveries waiting in consumer buffers."))
 	io, err6 := m.Int64ObservableCounter(MetricConnectionBytes, metric.WithUnit("By"),
 		metric.WithDescription("Bytes read from and written to the socket."))
-	if err := errors.Join(err1, err2, err3, err4, err5, err6); err != nil {
+	// A time, not the seconds left: the seconds left would be as old as
+	// the last export when an alert reads them, and overstate them by up
+	// to an export interval, whereas the backend subtracts the present
+	// from a time exactly; and a time changes only when a new secret is
+	// installed (a refresh, a login), so its series shows each one.
+	expiry, err7 := m.Float64ObservableGauge(MetricCredentialExpiry, metric.WithUnit("s"),
+		metric.WithDescription("When the secret the broker holds for the connection expires, in Unix seconds; reported only while its credentials expire."))
+	if err := errors.Join(err1, err2, err3, err4, err5, err6, err7); err != nil {
 		return nil, err
 	}
 
@@ -134,8 +146,14 @@ func RegisterStats(conn *amqp.Connection, opts ...Option) (unregister func() err
 		o.ObserveInt64(consumers, queued, with(baseSet))
 		o.ObserveInt64(io, int64(s.BytesIn), with(inSet))
 		o.ObserveInt64(io, int64(s.BytesOut), with(outSet))
+		// Zero: the credentials do not expire. Reporting 0 would read as
+		// a secret that expired in 1970 and trip every alert on the time
+		// left, so the gauge has no data point instead.
+		if e := s.Credentials.Expires; !e.IsZero() {
+			o.ObserveFloat64(expiry, float64(e.Unix())+float64(e.Nanosecond())/1e9, with(baseSet))
+		}
 		return nil
-	}, used, limit, paused, listeners, consumers, io)
+	}, used, limit, paused, listeners, consumers, io, expiry)
 	if err != nil {
 		return nil, err
 	}

@@ -238,3 +238,81 @@ func TestBroker(t *testing.T) {
 		t.Errorf("publish_errors_total = %v after one publish on a closed channel, want 1", got)
 	}
 }
+
+// TestBrokerCredentialRefresh logs in with credentials that expire 1.5 s
+// later, as an OAuth 2 token would, and checks the credential series
+// against the connection's Stats before and after the refresh that comes
+// at 80% of that lifetime. The provider answers with the URL's own user
+// and password each time, which the
+// broker's default (internal) backend takes with update-secret.
+func TestBrokerCredentialRefresh(t *testing.T) {
+	const lifetime = 1500 * time.Millisecond
+	uri, err := amqp.ParseURI(brokerURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := promamqp.New()
+	// The Collector leaves Refreshed nil (Stats counts refreshes): set it
+	// on a copy, to hear of the refresh without sleeping.
+	obs := *metrics.Observer()
+	refreshed := make(chan amqp.RefreshInfo, 1)
+	obs.Refreshed = func(ri amqp.RefreshInfo) {
+		select {
+		case refreshed <- ri:
+		default: // a later refresh nobody waits for
+		}
+	}
+	conn, err := amqp.DialConfig(brokerURL(), amqp.Config{
+		Dial:     amqp.DefaultDial(5 * time.Second),
+		ReadPath: amqp.Drainer(amqp.DrainerOptions{Observer: &obs}),
+		Credentials: func(context.Context) (amqp.Authentication, error) {
+			return amqp.ExpiringAuth{
+				Authentication: &amqp.PlainAuth{Username: uri.Username, Password: uri.Password},
+				Expires:        time.Now().Add(lifetime),
+			}, nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("no RabbitMQ at %s: %v", brokerURL(), err)
+	}
+	defer conn.Close()
+	metrics.Watch("oauth", conn)
+	conn1 := map[string]string{"connection": "oauth"}
+
+	// unix is how the gauge writes a time.
+	unix := func(at time.Time) float64 { return float64(at.Unix()) + float64(at.Nanosecond())/1e9 }
+	login := conn.Stats().Credentials
+	if login.Expires.IsZero() || login.Refreshes != 0 {
+		t.Fatalf("Stats.Credentials after the login: %+v, want its expiry and no refresh", login)
+	}
+	mfs := gather(t, metrics)
+	if got := value(t, mfs, "amqp091_credential_expiry_timestamp_seconds", conn1); got != unix(login.Expires) {
+		t.Errorf("expiry before the refresh = %v, want the login's %v", got, unix(login.Expires))
+	}
+
+	select {
+	case ri := <-refreshed:
+		if ri.Err != nil {
+			t.Fatalf("refresh failed: %v", ri.Err)
+		}
+	case <-time.After(10 * lifetime):
+		t.Fatal("no refresh within 10 lifetimes")
+	}
+	// A later refresh may land during the scrape: bracket it with Stats.
+	before := conn.Stats().Credentials
+	mfs = gather(t, metrics)
+	after := conn.Stats().Credentials
+	if got := value(t, mfs, "amqp091_credential_refreshes_total", conn1); got < 1 ||
+		got < float64(before.Refreshes) || got > float64(after.Refreshes) {
+		t.Errorf("credential_refreshes_total = %v, want at least 1 and within [%d, %d]",
+			got, before.Refreshes, after.Refreshes)
+	}
+	if got := value(t, mfs, "amqp091_credential_refresh_errors_total", conn1); got != 0 {
+		t.Errorf("credential_refresh_errors_total = %v, want 0", got)
+	}
+	got := value(t, mfs, "amqp091_credential_expiry_timestamp_seconds", conn1)
+	if got <= unix(login.Expires) || got < unix(before.Expires) || got > unix(after.Expires) {
+		t.Errorf("expiry after the refresh = %v, want past the login's %v, within [%v, %v]",
+			got, unix(login.Expires), unix(before.Expires), unix(after.Expires))
+	}
+}

@@ -22,6 +22,8 @@ type descs struct {
 	framesIn, framesOut                                 *prometheus.Desc
 	writes, coalescedPublishes                          *prometheus.Desc
 	settleRefused                                       *prometheus.Desc
+	credentialRefreshes, credentialRefreshErrors        *prometheus.Desc
+	credentialExpiry                                    *prometheus.Desc
 	info                                                *prometheus.Desc
 	budgetLimit, budgetUsed                             *prometheus.Desc
 	budgetPaused, budgetPausedSeconds                   *prometheus.Desc
@@ -90,6 +92,23 @@ func (d *descs) init(cfg *config) {
 	d.settleRefused = desc("settle_refused_total",
 		"Acks, nacks and rejects refused and not sent, by reason: stale_delivery for a delivery from before its channel recovered, unknown_delivery_tag for a tag never handed out (safe recovery; always 0 without it).",
 		"connection", "reason")
+	// Successes and failures are counted apart, as publishes are, so that
+	// the two add up to every refresh. There is no reason label: Stats
+	// does not say why a refresh failed (the client's log does), and
+	// taking the reason from the Observer would count each failure twice.
+	d.credentialRefreshes = desc("credential_refreshes_total",
+		"Refreshes of expiring credentials (OAuth 2 tokens) whose new secret the broker took with update-secret; failed ones are in amqp091_credential_refresh_errors_total instead.", c...)
+	d.credentialRefreshErrors = desc("credential_refresh_errors_total",
+		"Refreshes of expiring credentials that failed: the provider failed, hung or answered with an expired secret, or the broker refused update-secret. Each is retried until the secret expires.", c...)
+	// A timestamp rather than the seconds left, as Prometheus advises for
+	// times (process_start_time_seconds, probe_ssl_earliest_cert_expiry):
+	// the alert's `expiry - time()` is the time left when the rule runs,
+	// whereas a seconds-left gauge is as old as its scrape and overstates
+	// it by up to a scrape interval; and the value changes only when a
+	// new secret is installed (a refresh, a login), so the series
+	// compresses and changes() over it shows each new secret.
+	d.credentialExpiry = desc("credential_expiry_timestamp_seconds",
+		"When the secret the broker holds for the connection expires, in Unix seconds; absent unless its credentials expire (amqp.ExpiringAuth). This minus time() is the time left before the broker refuses what the connection has not done before (docs/oauth2.md).", c...)
 	d.budgetLimit = desc("budget_limit_bytes",
 		"The drainer's memory budget; 0 when the read path keeps none (legacy mode).", c...)
 	d.budgetUsed = desc("budget_used_bytes",
@@ -146,6 +165,7 @@ func (d *descs) all() []*prometheus.Desc {
 		d.framesIn, d.framesOut,
 		d.writes, d.coalescedPublishes,
 		d.settleRefused,
+		d.credentialRefreshes, d.credentialRefreshErrors, d.credentialExpiry,
 		d.budgetLimit, d.budgetUsed,
 		d.budgetPaused, d.budgetPausedSeconds,
 		d.listenerQueued, d.listenerQueuedBytes, d.listenerOldest,

@@ -67,6 +67,9 @@
 //	amqp091_socket_writes_total                  writes of frames to the socket
 //	amqp091_coalesced_publishes_total            publishes that shared another's write
 //	amqp091_settle_refused_total{reason}         acks refused: stale_delivery, unknown_delivery_tag
+//	amqp091_credential_refreshes_total           expiring credentials refreshed (update-secret taken)
+//	amqp091_credential_refresh_errors_total      refreshes that failed (provider, expired answer, refusal)
+//	amqp091_credential_expiry_timestamp_seconds  when the broker's secret expires, Unix seconds
 //	amqp091_budget_limit_bytes                   the drainer's budget
 //	amqp091_budget_used_bytes                    bytes waiting for the application
 //	amqp091_budget_paused                        1 while reading is paused
@@ -83,6 +86,19 @@
 // are unbounded over a process's life and would make a series each.
 // WithChannelLabels and WithConsumerTagLabels add those labels for
 // debugging. In upstream mode, whose reader counts only the frames it
-// reads, only connection_info, frames_received_total and
-// settle_refused_total (counted with Config.SafeRecovery) are sent.
+// reads, only connection_info, frames_received_total, and
+// settle_refused_total and the credential series (counted with
+// Config.SafeRecovery) are sent.
+//
+// The credential series come from Stats alone, like settle_refused_total
+// (the Observer's SettleRefused and Refreshed are left nil), so that each
+// event is counted once, per connection, in every mode. The expiry is a
+// timestamp, absent for a connection whose credentials do not expire;
+// alert on the time left, as
+//
+//	amqp091_credential_expiry_timestamp_seconds - time() < 120
+//
+// which is exact when the rule runs and falls towards 0 when refreshes
+// keep failing. Why a refresh failed is in the client's log, not in a
+// label.
 package promamqp

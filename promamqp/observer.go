@@ -94,7 +94,9 @@ func (n *counters) init(b *buckets) {
 // allocated here and never again, so calling them allocates nothing.
 // BeforePublish stays nil because Published alone tells success from
 // failure, and a nil field costs the publish path one nil check instead
-// of a call.
+// of a call. SettleRefused and Refreshed stay nil because Stats counts
+// the same events per connection, in every mode (collectStats): counting
+// them here too would count each twice, and without a connection label.
 func (c *Collector) newObserver() *amqp.Observer {
 	n := &c.n
 	return &amqp.Observer{

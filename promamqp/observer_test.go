@@ -217,6 +217,11 @@ func TestObserverAllocs(t *testing.T) {
 	if obs.BeforePublish != nil {
 		t.Error("BeforePublish is set: it would cost every publish a call for nothing")
 	}
+	// Stats counts these per connection (collectStats): an Observer func
+	// would count each event a second time.
+	if obs.SettleRefused != nil || obs.Refreshed != nil {
+		t.Error("SettleRefused or Refreshed is set: Stats already counts their events")
+	}
 }
 
 // TestObserverConcurrent hammers one Observer from several goroutines, as

@@ -61,6 +61,17 @@ func (c *Collector) collectStats(ch chan<- prometheus.Metric, name string, s *am
 	// Counted in every mode (upstream's with Config.SafeRecovery).
 	send(d.settleRefused, counter, float64(s.StaleSettlements), name, "stale_delivery")
 	send(d.settleRefused, counter, float64(s.UnknownTagSettlements), name, "unknown_delivery_tag")
+	cs := &s.Credentials
+	send(d.credentialRefreshes, counter, float64(cs.Refreshes), name)
+	send(d.credentialRefreshErrors, counter, float64(cs.Failures), name)
+	// A zero Expires means no expiring credentials: a 0 timestamp would
+	// read as "expired in 1970" and fire every expiry alert.
+	if !cs.Expires.IsZero() {
+		// Seconds and fraction apart: UnixNano()/1e9 rounds 1e18 in a
+		// float64 first, and .25 s would come out as .2499998.
+		at := float64(cs.Expires.Unix()) + float64(cs.Expires.Nanosecond())/1e9
+		send(d.credentialExpiry, gauge, at, name)
+	}
 	if s.Mode == "upstream" {
 		// Upstream's reader counts the frames it dispatches and nothing
 		// else (amqp.Stats): a 0 for the rest would read as "no traffic"

@@ -30,6 +30,8 @@ var statsMetrics = []string{
 	"amqp091_frames_received_total", "amqp091_frames_sent_total",
 	"amqp091_socket_writes_total", "amqp091_coalesced_publishes_total",
 	"amqp091_settle_refused_total",
+	"amqp091_credential_refreshes_total", "amqp091_credential_refresh_errors_total",
+	"amqp091_credential_expiry_timestamp_seconds",
 	"amqp091_budget_limit_bytes", "amqp091_budget_used_bytes",
 	"amqp091_budget_paused", "amqp091_budget_paused_seconds_total",
 	"amqp091_listener_queued", "amqp091_listener_queued_bytes", "amqp091_listener_oldest_seconds",
@@ -45,7 +47,9 @@ var sample = amqp.Stats{
 	FramesIn: 10, FramesOut: 20,
 	Writes: 7, CoalescedPublishes: 2,
 	StaleSettlements: 3, UnknownTagSettlements: 1,
-	Budget: amqp.BudgetStats{Limit: 4096, Used: 3000, Paused: true, Pauses: 3, PausedTotal: 1500 * time.Millisecond},
+	// A quarter second past a whole one: the gauge keeps the fraction.
+	Credentials: amqp.CredentialStats{Refreshes: 12, Failures: 2, Expires: time.Unix(1767225600, 250e6)},
+	Budget:      amqp.BudgetStats{Limit: 4096, Used: 3000, Paused: true, Pauses: 3, PausedTotal: 1500 * time.Millisecond},
 	Listeners: []amqp.ListenerStats{
 		{Kind: amqp.KindNotifyPublish, Channel: 1, Queued: 5, QueuedBytes: 500, OldestAge: 2 * time.Second},
 		{Kind: amqp.KindNotifyPublish, Channel: 2, Queued: 1, QueuedBytes: 100, OldestAge: 7 * time.Second},
@@ -84,6 +88,15 @@ amqp091_coalesced_publishes_total{connection="c1"} 2
 # TYPE amqp091_settle_refused_total counter
 amqp091_settle_refused_total{connection="c1",reason="stale_delivery"} 3
 amqp091_settle_refused_total{connection="c1",reason="unknown_delivery_tag"} 1
+# HELP amqp091_credential_refreshes_total Refreshes of expiring credentials (OAuth 2 tokens) whose new secret the broker took with update-secret; failed ones are in amqp091_credential_refresh_errors_total instead.
+# TYPE amqp091_credential_refreshes_total counter
+amqp091_credential_refreshes_total{connection="c1"} 12
+# HELP amqp091_credential_refresh_errors_total Refreshes of expiring credentials that failed: the provider failed, hung or answered with an expired secret, or the broker refused update-secret. Each is retried until the secret expires.
+# TYPE amqp091_credential_refresh_errors_total counter
+amqp091_credential_refresh_errors_total{connection="c1"} 2
+# HELP amqp091_credential_expiry_timestamp_seconds When the secret the broker holds for the connection expires, in Unix seconds; absent unless its credentials expire (amqp.ExpiringAuth). This minus time() is the time left before the broker refuses what the connection has not done before (docs/oauth2.md).
+# TYPE amqp091_credential_expiry_timestamp_seconds gauge
+amqp091_credential_expiry_timestamp_seconds{connection="c1"} 1.76722560025e+09
 # HELP amqp091_budget_limit_bytes The drainer's memory budget; 0 when the read path keeps none (legacy mode).
 # TYPE amqp091_budget_limit_bytes gauge
 amqp091_budget_limit_bytes{connection="c1"} 4096
@@ -196,7 +209,8 @@ amqp091_consumer_queued_bytes{channel="2",connection="c1",consumer_tag="orders"}
 }
 
 // Upstream mode counts only FramesIn and, with Config.SafeRecovery, the
-// refused settlements: the rest is left out rather than reported as zeros.
+// refused settlements and the credential refreshes: the rest is left out
+// rather than reported as zeros.
 func TestStatsUpstreamMode(t *testing.T) {
 	want := `
 # HELP amqp091_connection_info Always 1; its labels say which read mode a watched connection runs in.
@@ -209,10 +223,43 @@ amqp091_frames_received_total{connection="u"} 42
 # TYPE amqp091_settle_refused_total counter
 amqp091_settle_refused_total{connection="u",reason="stale_delivery"} 2
 amqp091_settle_refused_total{connection="u",reason="unknown_delivery_tag"} 0
+# HELP amqp091_credential_refreshes_total Refreshes of expiring credentials (OAuth 2 tokens) whose new secret the broker took with update-secret; failed ones are in amqp091_credential_refresh_errors_total instead.
+# TYPE amqp091_credential_refreshes_total counter
+amqp091_credential_refreshes_total{connection="u"} 3
+# HELP amqp091_credential_refresh_errors_total Refreshes of expiring credentials that failed: the provider failed, hung or answered with an expired secret, or the broker refused update-secret. Each is retried until the secret expires.
+# TYPE amqp091_credential_refresh_errors_total counter
+amqp091_credential_refresh_errors_total{connection="u"} 1
+# HELP amqp091_credential_expiry_timestamp_seconds When the secret the broker holds for the connection expires, in Unix seconds; absent unless its credentials expire (amqp.ExpiringAuth). This minus time() is the time left before the broker refuses what the connection has not done before (docs/oauth2.md).
+# TYPE amqp091_credential_expiry_timestamp_seconds gauge
+amqp091_credential_expiry_timestamp_seconds{connection="u"} 1.7672256e+09
 `
-	f := fixedStats{c: New(), name: "u", s: amqp.Stats{Mode: "upstream", FramesIn: 42, StaleSettlements: 2}}
+	f := fixedStats{c: New(), name: "u", s: amqp.Stats{Mode: "upstream", FramesIn: 42, StaleSettlements: 2,
+		Credentials: amqp.CredentialStats{Refreshes: 3, Failures: 1, Expires: time.Unix(1767225600, 0)}}}
 	if err := testutil.CollectAndCompare(f, strings.NewReader(want), statsMetrics...); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Without expiring credentials Stats.Credentials is zero: the counters
+// are sent as zeros, like settle_refused_total without safe recovery, but
+// the expiry is left out, since a 0 timestamp would read as a secret that
+// expired in 1970 and fire every alert on the time left.
+func TestStatsNoExpiringCredentials(t *testing.T) {
+	want := `
+# HELP amqp091_credential_refreshes_total Refreshes of expiring credentials (OAuth 2 tokens) whose new secret the broker took with update-secret; failed ones are in amqp091_credential_refresh_errors_total instead.
+# TYPE amqp091_credential_refreshes_total counter
+amqp091_credential_refreshes_total{connection="plain"} 0
+# HELP amqp091_credential_refresh_errors_total Refreshes of expiring credentials that failed: the provider failed, hung or answered with an expired secret, or the broker refused update-secret. Each is retried until the secret expires.
+# TYPE amqp091_credential_refresh_errors_total counter
+amqp091_credential_refresh_errors_total{connection="plain"} 0
+`
+	for _, mode := range []string{"drainer", "legacy", "upstream"} {
+		f := fixedStats{c: New(), name: "plain", s: amqp.Stats{Mode: mode}}
+		if err := testutil.CollectAndCompare(f, strings.NewReader(want),
+			"amqp091_credential_refreshes_total", "amqp091_credential_refresh_errors_total",
+			"amqp091_credential_expiry_timestamp_seconds"); err != nil {
+			t.Errorf("%s: %v", mode, err)
+		}
 	}
 }
 

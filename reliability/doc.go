@@ -26,6 +26,13 @@
 //     bound when the broker never answers or answers late; the abandoned
 //     channel is closed and its late reply discarded, and the connection
 //     and its other channels go on (issue #14).
+//   - oauth2: what RabbitMQ 3.10.8 does when a connection's OAuth 2 token
+//     expires, and what connection.update-secret does, measured on a node
+//     of its own (internal/oauthnode; root only) and logged; and the
+//     refresh of expiring credentials (amqp.ExpiringAuth) in every mode:
+//     a control, 6 lifetimes without a reconnect or a loss, scopes
+//     narrowed at a refresh, a provider that fails past the expiry
+//     (issue #41).
 //
 // A plain go test ./... skips them (but listenerorder, which declares only
 // its own exclusive queues and runs there at its default sizes, and

@@ -15,18 +15,21 @@ import (
 // as a partition is: the client's packets still arrive and nothing comes
 // back, so it sees silence, as behind a dead switch, not a reset.
 
-// ClientIP is the hub address of client k (1 to 100).
-func ClientIP(k int) (string, error) {
+// ClientIP is the hub address of client k (1 to 100) of the three-node
+// cluster.
+func ClientIP(k int) (string, error) { return three.clientIP(k) }
+
+func (l *layout) clientIP(k int) (string, error) {
 	if k < 1 || k > 100 {
 		return "", fmt.Errorf("cluster: client %d: want 1 to 100", k)
 	}
-	return subnet + strconv.Itoa(100+k), nil
+	return l.subnet + strconv.Itoa(100+k), nil
 }
 
 // isClientIP reports whether dst (an address, or an address/32) is a
 // client's: Heal leaves the cuts of client links to [Cluster.RestoreClient].
-func isClientIP(dst string) bool {
-	host, ok := strings.CutPrefix(strings.TrimSuffix(dst, "/32"), subnet)
+func (l *layout) isClientIP(dst string) bool {
+	host, ok := strings.CutPrefix(strings.TrimSuffix(dst, "/32"), l.subnet)
 	k, err := strconv.Atoi(host)
 	return ok && err == nil && k > 100 && k <= 200
 }
@@ -34,11 +37,11 @@ func isClientIP(dst string) bool {
 // AddClient gives client k its address in the hub (idempotent), and
 // returns it. Dial from it with [Cluster.DialFrom].
 func (c *Cluster) AddClient(ctx context.Context, k int) (string, error) {
-	addr, err := ClientIP(k)
+	addr, err := c.layout().clientIP(k)
 	if err != nil {
 		return "", err
 	}
-	_, err = ip(ctx, "-n", hubNS, "addr", "replace", addr+"/32", "dev", bridge)
+	_, err = ip(ctx, "-n", c.layout().hub, "addr", "replace", addr+"/32", "dev", bridge)
 	return addr, err
 }
 
@@ -46,7 +49,7 @@ func (c *Cluster) AddClient(ctx context.Context, k int) (string, error) {
 // whose sockets are bound to local, an address from [Cluster.AddClient].
 func (c *Cluster) DialFrom(local string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		return dialInFrom(ctx, nsPath(hubNS), local, network, addr)
+		return dialInFrom(ctx, nsPath(c.layout().hub), local, network, addr)
 	}
 }
 
@@ -54,10 +57,10 @@ func (c *Cluster) DialFrom(local string) func(ctx context.Context, network, addr
 // [Cluster.RestoreClient] undoes it; [Cluster.Heal] does not, so that a
 // node fault healed meanwhile leaves an overlapping client cut in place.
 func (c *Cluster) CutClient(addr string) error {
-	if !isClientIP(addr) {
+	if !c.layout().isClientIP(addr) {
 		return fmt.Errorf("cluster: %s is not a client address", addr)
 	}
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		if _, err := ip(context.Background(), "-n", nodeNS(n), "route", "replace", "blackhole", addr+"/32"); err != nil {
 			return err
 		}
@@ -68,7 +71,7 @@ func (c *Cluster) CutClient(addr string) error {
 
 // RestoreClient undoes [Cluster.CutClient].
 func (c *Cluster) RestoreClient(addr string) error {
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		out, err := ip(context.Background(), "-n", nodeNS(n), "route", "show", "type", "blackhole", addr+"/32")
 		if err != nil {
 			return err

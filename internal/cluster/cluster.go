@@ -23,9 +23,15 @@
 // user and its cookie). Everything about a running cluster can be derived
 // from Options.Dir, so a separate process can take it over with [Attach].
 //
+// With [Options.Standalone], [Start] boots a single node instead, with
+// configuration of its own (an auth backend, plugins, advanced.config),
+// in namespaces, a subnet and ports of its own: it runs beside the
+// cluster, and neither's Start or Stop touches the other.
+//
 // Running a cluster needs root (namespaces, and setns for dialing); see
-// [Usable]. Only one cluster of this package may exist on a machine at a
-// time: [Start] removes whatever an earlier one left behind.
+// [Usable]. Only one three-node cluster of this package may exist on a
+// machine at a time, and one standalone node of each name: [Start]
+// removes whatever an earlier one of the same layout left behind.
 package cluster
 
 import (
@@ -38,6 +44,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -95,12 +102,23 @@ type Options struct {
 	BootTimeout time.Duration
 	// Logger receives progress messages. Nil: silent.
 	Logger *slog.Logger
+	// Standalone, if set, makes Start boot this one node instead of the
+	// three-node cluster; PartitionHandling and NetTicktime still apply.
+	// Default Dir: $TMPDIR/amqpd-<Name>.
+	Standalone *Standalone
 }
 
 // withDefaults fills in the zero fields.
 func (o Options) withDefaults() Options {
+	if o.Standalone != nil {
+		s := o.Standalone.withDefaults()
+		o.Standalone = &s
+	}
 	if o.Dir == "" {
 		o.Dir = filepath.Join(os.TempDir(), "amqpd-cluster")
+		if o.Standalone != nil {
+			o.Dir = o.Standalone.defaultDir(os.TempDir())
+		}
 	}
 	if o.PartitionHandling == "" {
 		o.PartitionHandling = "ignore"
@@ -128,13 +146,17 @@ func (o Options) validate() error {
 		// Paths end up in the nodes' environment, which runs elsewhere.
 		return fmt.Errorf("cluster: Dir %q is not absolute", o.Dir)
 	}
+	if o.Standalone != nil {
+		return o.Standalone.validate()
+	}
 	return nil
 }
 
-// Cluster is a running (or partly running) three-node cluster. Its methods
-// may be called from several goroutines.
+// Cluster is a running (or partly running) three-node cluster, or a
+// standalone node. Its methods may be called from several goroutines.
 type Cluster struct {
 	o   Options
+	lay *layout // nil in a zero Cluster: see layout
 	log *slog.Logger
 
 	mu sync.Mutex
@@ -175,9 +197,10 @@ func Usable() (ok bool, reason string) {
 }
 
 // Start boots the three nodes in parallel, joins b and c to a (in
-// parallel), and verifies that a sees three running nodes. It first removes
-// whatever an earlier cluster of this package left: its namespaces and its
-// nodes, and the previous contents of o.Dir.
+// parallel), and verifies that a sees three running nodes; or, with
+// o.Standalone, boots that node alone. It first removes whatever an
+// earlier cluster (or standalone node of the same name) left: its
+// namespaces and its nodes, and the previous contents of o.Dir.
 //
 // If Start fails it tears down what it built; the error says which log to
 // read.
@@ -191,14 +214,14 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 	}
 	c := newCluster(o)
 	t0 := time.Now()
-	if err := cleanStale(c.log); err != nil {
+	if err := c.layout().cleanStale(c.log); err != nil {
 		return nil, err
 	}
 	if err := c.writeFiles(); err != nil {
 		return nil, err
 	}
-	if err := netUp(ctx); err != nil {
-		_ = netDown()
+	if err := c.layout().netUp(ctx); err != nil {
+		_ = c.layout().netDown()
 		return nil, err
 	}
 	ok := false
@@ -209,34 +232,45 @@ func Start(ctx context.Context, o Options) (*Cluster, error) {
 			}
 		}
 	}()
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		if err := c.boot(n); err != nil {
 			return nil, err
 		}
 	}
-	if err := each(Nodes, func(n Node) error { return c.await(ctx, n) }); err != nil {
+	if err := each(c.layout().nodes, func(n Node) error { return c.await(ctx, n) }); err != nil {
 		return nil, err
 	}
-	c.log.Info("3 nodes booted", "elapsed", time.Since(t0).Round(time.Millisecond))
+	c.log.Info("nodes booted", "nodes", c.layout().nodes, "elapsed", time.Since(t0).Round(time.Millisecond))
+	if o.Standalone == nil {
+		if err := c.form(ctx); err != nil {
+			return nil, err
+		}
+	}
+	c.log.Info("up", "nodes", c.layout().nodes, "elapsed", time.Since(t0).Round(time.Millisecond),
+		"partition_handling", o.PartitionHandling, "net_ticktime", o.NetTicktime, "dir", o.Dir)
+	ok = true
+	return c, nil
+}
+
+// form joins b and c to a and waits until some node sees all three
+// running.
+func (c *Cluster) form(ctx context.Context) error {
 	// b and c join at the same time: about 5 s faster than one after the
 	// other. start_app may log "Failed to create a tracked connection
 	// table" for the other joiner; it is harmless.
 	var serial sync.Mutex
 	err := each([]Node{B, C}, func(n Node) error { return c.join(ctx, n, &serial) })
 	if err != nil {
-		return nil, err
+		return err
 	}
 	// A bounded wait, since start_app returns once the app runs, not once
 	// every peer has seen it.
-	wctx, cancel := context.WithTimeout(ctx, o.BootTimeout)
+	wctx, cancel := context.WithTimeout(ctx, c.o.BootTimeout)
 	defer cancel()
 	if err := c.WaitRunning(wctx, len(Nodes)); err != nil {
-		return nil, fmt.Errorf("cluster did not form: %w", err)
+		return fmt.Errorf("cluster did not form: %w", err)
 	}
-	c.log.Info("cluster up", "elapsed", time.Since(t0).Round(time.Millisecond),
-		"partition_handling", o.PartitionHandling, "net_ticktime", o.NetTicktime, "dir", o.Dir)
-	ok = true
-	return c, nil
+	return nil
 }
 
 // joinAttempts bounds how often [Cluster.join] tries one node.
@@ -277,11 +311,14 @@ func (c *Cluster) join(ctx context.Context, n Node, serial *sync.Mutex) error {
 	return nil
 }
 
-// Attach takes over a cluster that [Start] booted, possibly in another
-// process, from the files in o.Dir. Boot options (partition handling, net
-// ticktime) are read back from o.Dir, so [Cluster.Restart] boots a node as
-// Start did. Attach does not check that any node runs; it fails only if
-// there is no cluster state in o.Dir or the hub namespace is gone.
+// Attach takes over a cluster (or standalone node) that [Start] booted,
+// possibly in another process, from the files in o.Dir. Boot options
+// (partition handling, net ticktime, the standalone node) are read back
+// from o.Dir, so [Cluster.Restart] boots a node as Start did, and a
+// standalone node's Dir never yields the three-node layout, whose Stop
+// would take the cluster's namespaces down. Attach does not check that
+// any node runs; it fails only if there is no cluster state in o.Dir or
+// the hub namespace is gone.
 func Attach(o Options) (*Cluster, error) {
 	o = o.withDefaults()
 	b, err := os.ReadFile(filepath.Join(o.Dir, stateFile))
@@ -292,16 +329,34 @@ func Attach(o Options) (*Cluster, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("cluster: %s: %w", stateFile, err)
 	}
-	o.PartitionHandling, o.NetTicktime = st.PartitionHandling, st.NetTicktime
-	if _, err := os.Stat(nsPath(hubNS)); err != nil {
-		return nil, fmt.Errorf("cluster: namespace %s is gone: %w", hubNS, err)
+	o.PartitionHandling, o.NetTicktime, o.Standalone = st.PartitionHandling, st.NetTicktime, st.Standalone
+	c := newCluster(o)
+	if _, err := os.Stat(nsPath(c.layout().hub)); err != nil {
+		return nil, fmt.Errorf("cluster: namespace %s is gone: %w", c.layout().hub, err)
 	}
-	return newCluster(o), nil
+	return c, nil
 }
 
 func newCluster(o Options) *Cluster {
-	return &Cluster{o: o, log: o.Logger, launched: map[Node]chan struct{}{}}
+	l := three
+	if o.Standalone != nil {
+		l = o.Standalone.layout()
+	}
+	return &Cluster{o: o, lay: l, log: o.Logger, launched: map[Node]chan struct{}{}}
 }
+
+// layout is c's nodes, their namespaces, addresses and ports. A zero
+// Cluster is the three-node cluster's: it knows the URLs, which some
+// callers need before (or without) a Start.
+func (c *Cluster) layout() *layout {
+	if c.lay == nil {
+		return three
+	}
+	return c.lay
+}
+
+// Nodes lists the nodes of c: a, b and c, or the standalone node.
+func (c *Cluster) Nodes() []Node { return slices.Clone(c.layout().nodes) }
 
 // Dir returns the directory holding the cluster's files.
 func (c *Cluster) Dir() string { return c.o.Dir }
@@ -313,7 +368,7 @@ func (c *Cluster) Dir() string { return c.o.Dir }
 func (c *Cluster) Stop() error {
 	t0 := time.Now()
 	pids := map[Node]int{}
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		if p, err := c.beamPID(n); err == nil {
 			pids[n] = p // rabbit removes its pid file before the VM exits: keep the pid
 		}
@@ -343,26 +398,30 @@ func (c *Cluster) Stop() error {
 		}
 	}
 	c.reapLaunchers()
-	if err := netDown(); err != nil {
+	if err := c.layout().netDown(); err != nil {
 		errs = append(errs, err)
 	}
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		if err := os.RemoveAll(filepath.Join(c.o.Dir, string(n), "mnesia")); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	c.log.Info("cluster stopped", "elapsed", time.Since(t0).Round(time.Millisecond))
+	c.log.Info("stopped", "nodes", c.layout().nodes, "elapsed", time.Since(t0).Round(time.Millisecond))
 	return errors.Join(errs...)
 }
 
 // URL returns the AMQP URL of node n, for amqp.DialConfig with Dial set to
 // [Cluster.Dial].
-func (c *Cluster) URL(n Node) string { return "amqp://guest:guest@" + amqpAddr(n) + "/" }
+func (c *Cluster) URL(n Node) string { return "amqp://guest:guest@" + c.Addr(n) + "/" }
 
-// URLs returns the AMQP URLs of a, b and c, in that order.
+// Addr returns node n's AMQP address, host:port, reachable through
+// [Cluster.Dial].
+func (c *Cluster) Addr(n Node) string { return c.layout().amqpAddr(n) }
+
+// URLs returns the AMQP URLs of c's nodes, in order (a, b, c).
 func (c *Cluster) URLs() []string {
-	u := make([]string, len(Nodes))
-	for i, n := range Nodes {
+	u := make([]string, len(c.layout().nodes))
+	for i, n := range c.layout().nodes {
 		u[i] = c.URL(n)
 	}
 	return u
@@ -373,7 +432,7 @@ func (c *Cluster) URLs() []string {
 // a beam.smp whose environment names our node and our pid file. Kill
 // returns once the VM is gone.
 func (c *Cluster) Kill(n Node) error {
-	if err := n.check(); err != nil {
+	if err := c.layout().check(n); err != nil {
 		return err
 	}
 	p, err := c.beamPID(n)
@@ -405,7 +464,7 @@ func (c *Cluster) Thaw(n Node) error { return c.signal(n, syscall.SIGCONT, "thaw
 
 // signal sends sig to node n's own beam.smp (verified, as Kill does).
 func (c *Cluster) signal(n Node, sig syscall.Signal, what string) error {
-	if err := n.check(); err != nil {
+	if err := c.layout().check(n); err != nil {
 		return err
 	}
 	p, err := c.beamPID(n)
@@ -423,7 +482,7 @@ func (c *Cluster) signal(n Node, sig syscall.Signal, what string) error {
 // waits until it has started (rabbitmqctl await_startup). The node rejoins
 // the cluster by itself; use [Cluster.WaitRunning] to wait for that.
 func (c *Cluster) Restart(ctx context.Context, n Node) error {
-	if err := n.check(); err != nil {
+	if err := c.layout().check(n); err != nil {
 		return err
 	}
 	if p, err := c.beamPID(n); err == nil {
@@ -459,7 +518,7 @@ func (c *Cluster) StartApp(ctx context.Context, n Node) error {
 // whose VM runs until one answers.
 func (c *Cluster) Leader(ctx context.Context, queue string) (Node, error) {
 	var errs []error
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		if _, err := c.beamPID(n); err != nil {
 			continue
 		}
@@ -477,7 +536,7 @@ func (c *Cluster) Leader(ctx context.Context, queue string) (Node, error) {
 			if q.Name != queue {
 				continue
 			}
-			if l, ok := nodeOf(q.Leader); ok {
+			if l, ok := c.layout().nodeOf(q.Leader); ok {
 				return l, nil
 			}
 			return "", fmt.Errorf("cluster: queue %q has leader %q, not one of our nodes", queue, q.Leader)
@@ -540,9 +599,9 @@ func (c *Cluster) WaitRunning(ctx context.Context, want int) error {
 // recorded partition sees running and that say so themselves, with a
 // description for errors.
 func (c *Cluster) runningNodes(ctx context.Context) ([]Node, string) {
-	views := make([]view, len(Nodes))
+	views := make([]view, len(c.layout().nodes))
 	var wg sync.WaitGroup
-	for i, n := range Nodes {
+	for i, n := range c.layout().nodes {
 		wg.Go(func() { views[i] = c.viewFrom(ctx, n) })
 	}
 	wg.Wait()
@@ -582,17 +641,22 @@ func (c *Cluster) viewFrom(ctx context.Context, n Node) view {
 	}
 	v.partitions = st.Partitions
 	for _, s := range st.RunningNodes {
-		if m, ok := nodeOf(s); ok {
+		if m, ok := c.layout().nodeOf(s); ok {
 			v.running = append(v.running, m)
 		}
 	}
 	return v
 }
 
-// bestView picks, from the views of every node (in Nodes' order), the
-// longest list of running nodes that also say their app runs, among the
-// views that record no partition; desc describes every view, for errors.
+// bestView picks, from the views of every node (in the layout's order),
+// the longest list of running nodes that also say their app runs, among
+// the views that record no partition; desc describes every view, for
+// errors.
 func bestView(views []view) (best []Node, desc string) {
+	self := map[Node]bool{}
+	for _, v := range views {
+		self[v.from] = v.self
+	}
 	var lines []string
 	for _, v := range views {
 		if v.err != nil {
@@ -601,7 +665,7 @@ func bestView(views []view) (best []Node, desc string) {
 		}
 		var ok []Node
 		for _, m := range v.running {
-			if views[idx(m)].self {
+			if self[m] {
 				ok = append(ok, m)
 			}
 		}
@@ -667,7 +731,7 @@ func firstLine(s string, err error) string {
 // partition slows the CLI down), and the cuts in place.
 func (c *Cluster) Status(ctx context.Context) string {
 	var b strings.Builder
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		p, err := c.beamPID(n)
 		if err != nil {
 			fmt.Fprintf(&b, "%s %s DOWN\n", n, nodeName(n))
@@ -680,8 +744,8 @@ func (c *Cluster) Status(ctx context.Context) string {
 			b.WriteString(s + "\n")
 		}
 	}
-	for _, n := range Nodes {
-		b.WriteString(netStatus(ctx, n) + "\n")
+	for _, n := range c.layout().nodes {
+		b.WriteString(c.netStatus(ctx, n) + "\n")
 	}
 	return b.String()
 }
@@ -690,9 +754,9 @@ func (c *Cluster) Status(ctx context.Context) string {
 // each, what it sees; a line per node, in Nodes' order, "" for a node
 // that is down.
 func (c *Cluster) seenFromEach(ctx context.Context) []string {
-	seen := make([]string, len(Nodes))
+	seen := make([]string, len(c.layout().nodes))
 	var wg sync.WaitGroup
-	for i, n := range Nodes {
+	for i, n := range c.layout().nodes {
 		if _, err := c.beamPID(n); err != nil {
 			continue
 		}
@@ -723,7 +787,7 @@ func (c *Cluster) seenFrom(ctx context.Context, n Node) string {
 // netStatus describes n's network: the state of its link in the hub
 // (down under a full cut) and the addresses its namespace blackholes (its
 // peers', under a cut from them).
-func netStatus(ctx context.Context, n Node) string {
+func (c *Cluster) netStatus(ctx context.Context, n Node) string {
 	routes, err := ip(ctx, "-n", nodeNS(n), "route", "show", "type", "blackhole")
 	if err != nil {
 		return fmt.Sprintf("net %s: no namespace", n)
@@ -734,7 +798,7 @@ func netStatus(ctx context.Context, n Node) string {
 			holes = append(holes, f[1])
 		}
 	}
-	link, _ := ip(ctx, "-br", "-n", hubNS, "link", "show", hubVeth(n))
+	link, _ := ip(ctx, "-br", "-n", c.layout().hub, "link", "show", hubVeth(n))
 	state := "?"
 	if f := strings.Fields(link); len(f) >= 2 {
 		state = f[1]
@@ -754,12 +818,13 @@ func rssMiB(p int) int {
 	return 0
 }
 
-// Cleanup removes what a cluster of this package may have left behind,
-// without needing its Dir: every beam.smp running one of our node names,
-// and our namespaces (with whatever runs in them). [Start] does this
-// first; it is for `clusterctl stop` when the state directory is gone.
+// Cleanup removes what a three-node cluster of this package may have left
+// behind, without needing its Dir: every beam.smp running one of its node
+// names, and its namespaces (with whatever runs in them); standalone nodes
+// are left alone. [Start] does this first; it is for `clusterctl stop`
+// when the state directory is gone.
 func Cleanup() error {
-	return cleanStale(slog.New(slog.DiscardHandler))
+	return three.cleanStale(slog.New(slog.DiscardHandler))
 }
 
 // Exec returns a command that runs name with args inside the hub
@@ -767,6 +832,6 @@ func Cleanup() error {
 // tools that cannot use [Cluster.Dial]. The caller sets Env, Stdout and
 // so on, and runs it.
 func (c *Cluster) Exec(ctx context.Context, name string, args ...string) *exec.Cmd {
-	argv := append([]string{"netns", "exec", hubNS, name}, args...)
+	argv := append([]string{"netns", "exec", c.layout().hub, name}, args...)
 	return exec.CommandContext(ctx, ipCmd(), argv...)
 }

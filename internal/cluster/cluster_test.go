@@ -155,7 +155,7 @@ func TestCluster(t *testing.T) {
 		}
 		errs := make(chan error, 20)
 		for range cap(errs) {
-			go func() { errs <- tcpFromHub(ctx, c, amqpAddr(B)) }()
+			go func() { errs <- tcpFromHub(ctx, c, c.Addr(B)) }()
 		}
 		for range cap(errs) {
 			if err := <-errs; err != nil {
@@ -231,7 +231,7 @@ func TestCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Clients still reach b…
-		if err := tcpFromHub(ctx, c, amqpAddr(B)); err != nil {
+		if err := tcpFromHub(ctx, c, c.Addr(B)); err != nil {
 			t.Errorf("hub cannot reach b's AMQP port during a peers cut: %v", err)
 		}
 		// …its peers do not, either way, while a and c still see each other.
@@ -258,14 +258,14 @@ func TestCluster(t *testing.T) {
 		if err := c.Partition(C, CutFull); err != nil {
 			t.Fatal(err)
 		}
-		if err := tcpFromHub(ctx, c, amqpAddr(C)); err == nil {
+		if err := tcpFromHub(ctx, c, c.Addr(C)); err == nil {
 			t.Error("hub reaches c's AMQP port during a full cut")
 		}
-		if err := tcpFromHub(ctx, c, amqpAddr(A)); err != nil {
+		if err := tcpFromHub(ctx, c, c.Addr(A)); err != nil {
 			t.Errorf("hub cannot reach a during c's cut: %v", err)
 		}
 		timed(t, "heal full cut", c.Heal)
-		if err := tcpFromHub(ctx, c, amqpAddr(C)); err != nil {
+		if err := tcpFromHub(ctx, c, c.Addr(C)); err != nil {
 			t.Errorf("hub cannot reach c after Heal: %v", err)
 		}
 		timed(t, "3 running after full cut", func() error { return waitRunning(ctx, c, 3) })
@@ -316,7 +316,7 @@ func TestCluster(t *testing.T) {
 	})
 
 	timed(t, "stop", c.Stop)
-	for _, ns := range []string{hubNS, nodeNS(A), nodeNS(B), nodeNS(C)} {
+	for _, ns := range three.namespaces() {
 		if _, err := os.Stat(nsPath(ns)); err == nil {
 			t.Errorf("namespace %s still there after Stop", ns)
 		}
@@ -386,7 +386,7 @@ func tcpFromHub(ctx context.Context, c *Cluster, addr string) error {
 func tcpFrom(ctx context.Context, from, to Node) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	addr := fmt.Sprintf("%s:%d", nodeIP(to), distPort(to))
+	addr := fmt.Sprintf("%s:%d", three.nodeIP(to), three.distPort(to))
 	conn, err := dialIn(ctx, nsPath(nodeNS(from)), "tcp", addr)
 	if err != nil {
 		return err
@@ -422,7 +422,7 @@ func TestWithoutCluster(t *testing.T) {
 	if ok, why := Usable(); !ok && (why == "" || strings.Contains(why, "\n")) {
 		t.Errorf("Usable: not usable, but reason %q is not one line", why)
 	}
-	var c Cluster
+	var c Cluster // a zero Cluster knows the three URLs
 	want := []string{
 		"amqp://guest:guest@10.201.0.1:5681/",
 		"amqp://guest:guest@10.201.0.2:5682/",
@@ -432,11 +432,11 @@ func TestWithoutCluster(t *testing.T) {
 		t.Errorf("URLs() = %v, want %v", got, want)
 	}
 	for _, n := range Nodes {
-		if m, ok := nodeOf(nodeName(n)); !ok || m != n {
+		if m, ok := three.nodeOf(nodeName(n)); !ok || m != n {
 			t.Errorf("nodeOf(%q) = %q, %v", nodeName(n), m, ok)
 		}
 	}
-	if _, ok := nodeOf("rabbit@localhost"); ok {
+	if _, ok := three.nodeOf("rabbit@localhost"); ok {
 		t.Error("the system node taken for one of ours")
 	}
 	o := Options{}.withDefaults()
@@ -448,7 +448,7 @@ func TestWithoutCluster(t *testing.T) {
 	if err := (Options{PartitionHandling: "pause_all"}).withDefaults().validate(); err == nil {
 		t.Error("unknown partition handling accepted")
 	}
-	if err := Node("d").check(); err == nil {
+	if err := three.check(Node("d")); err == nil {
 		t.Error("node d accepted")
 	}
 }

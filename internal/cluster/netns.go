@@ -40,25 +40,26 @@ func ip(ctx context.Context, args ...string) (string, error) {
 // namespace.
 func hubVeth(n Node) string { return "vh-" + string(n) }
 
-// netUp creates the hub with its bridge, and one namespace per node joined
-// to it by a veth.
-func netUp(ctx context.Context) error {
+// netUp creates l's hub with its bridge, and one namespace per node
+// joined to it by a veth.
+func (l *layout) netUp(ctx context.Context) error {
+	hub := l.hub
 	steps := [][]string{
-		{"netns", "add", hubNS},
-		{"-n", hubNS, "link", "set", "lo", "up"},
-		{"-n", hubNS, "link", "add", bridge, "type", "bridge"},
-		{"-n", hubNS, "addr", "add", hubIP + "/24", "dev", bridge},
-		{"-n", hubNS, "link", "set", bridge, "up"},
+		{"netns", "add", hub},
+		{"-n", hub, "link", "set", "lo", "up"},
+		{"-n", hub, "link", "add", bridge, "type", "bridge"},
+		{"-n", hub, "addr", "add", l.hubIP() + "/24", "dev", bridge},
+		{"-n", hub, "link", "set", bridge, "up"},
 	}
-	for _, n := range Nodes {
+	for _, n := range l.nodes {
 		ns := nodeNS(n)
 		steps = append(steps,
 			[]string{"netns", "add", ns},
 			[]string{"-n", ns, "link", "set", "lo", "up"},
-			[]string{"link", "add", hubVeth(n), "netns", hubNS, "type", "veth",
+			[]string{"link", "add", hubVeth(n), "netns", hub, "type", "veth",
 				"peer", "name", "eth0", "netns", ns},
-			[]string{"-n", hubNS, "link", "set", hubVeth(n), "master", bridge, "up"},
-			[]string{"-n", ns, "addr", "add", nodeIP(n) + "/24", "dev", "eth0"},
+			[]string{"-n", hub, "link", "set", hubVeth(n), "master", bridge, "up"},
+			[]string{"-n", ns, "addr", "add", l.nodeIP(n) + "/24", "dev", "eth0"},
 			[]string{"-n", ns, "link", "set", "eth0", "up"},
 		)
 	}
@@ -70,12 +71,13 @@ func netUp(ctx context.Context) error {
 	return nil
 }
 
-// netDown deletes our namespaces, first killing whatever still runs in
-// them: by construction only our nodes' processes (each namespace's epmd,
-// a VM that would not stop). Namespaces of anyone else are left alone.
-func netDown() error {
+// netDown deletes l's namespaces, first killing whatever still runs in
+// them: by construction only l's nodes' processes (each namespace's epmd,
+// a VM that would not stop). Namespaces of anyone else, other layouts'
+// included, are left alone.
+func (l *layout) netDown() error {
 	var errs []error
-	for _, ns := range []string{nodeNS(A), nodeNS(B), nodeNS(C), hubNS} {
+	for _, ns := range l.namespaces() {
 		if _, err := os.Stat(nsPath(ns)); err != nil {
 			continue
 		}
@@ -104,21 +106,21 @@ func netDown() error {
 // Partition cuts node n off, as how says. Cuts add up; [Cluster.Heal]
 // undoes them all.
 func (c *Cluster) Partition(n Node, how Cut) error {
-	if err := n.check(); err != nil {
+	if err := c.layout().check(n); err != nil {
 		return err
 	}
 	ctx := context.Background()
 	switch how {
 	case CutFull:
-		if _, err := ip(ctx, "-n", hubNS, "link", "set", hubVeth(n), "down"); err != nil {
+		if _, err := ip(ctx, "-n", c.layout().hub, "link", "set", hubVeth(n), "down"); err != nil {
 			return err
 		}
 	case CutPeers:
-		for _, o := range Nodes {
+		for _, o := range c.layout().nodes {
 			if o == n {
 				continue
 			}
-			if err := blackhole(ctx, n, o); err != nil {
+			if err := c.layout().blackhole(ctx, n, o); err != nil {
 				return err
 			}
 		}
@@ -133,16 +135,16 @@ func (c *Cluster) Partition(n Node, how Cut) error {
 // the third: a bridge partition, where the third node sees both sides.
 // [Cluster.Heal] undoes it.
 func (c *Cluster) CutBetween(x, y Node) error {
-	if err := x.check(); err != nil {
+	if err := c.layout().check(x); err != nil {
 		return err
 	}
-	if err := y.check(); err != nil {
+	if err := c.layout().check(y); err != nil {
 		return err
 	}
 	if x == y {
 		return fmt.Errorf("cluster: cut between %s and itself", x)
 	}
-	if err := blackhole(context.Background(), x, y); err != nil {
+	if err := c.layout().blackhole(context.Background(), x, y); err != nil {
 		return err
 	}
 	c.log.Info("partitioned", "between", []Node{x, y})
@@ -152,11 +154,11 @@ func (c *Cluster) CutBetween(x, y Node) error {
 // blackhole routes x's packets to y, and y's to x, nowhere: they vanish
 // silently. (tc's drop action needs a module this kernel lacks, and there
 // is no iptables or nft.)
-func blackhole(ctx context.Context, x, y Node) error {
-	if _, err := ip(ctx, "-n", nodeNS(x), "route", "replace", "blackhole", nodeIP(y)+"/32"); err != nil {
+func (l *layout) blackhole(ctx context.Context, x, y Node) error {
+	if _, err := ip(ctx, "-n", nodeNS(x), "route", "replace", "blackhole", l.nodeIP(y)+"/32"); err != nil {
 		return err
 	}
-	_, err := ip(ctx, "-n", nodeNS(y), "route", "replace", "blackhole", nodeIP(x)+"/32")
+	_, err := ip(ctx, "-n", nodeNS(y), "route", "replace", "blackhole", l.nodeIP(x)+"/32")
 	return err
 }
 
@@ -168,20 +170,20 @@ func blackhole(ctx context.Context, x, y Node) error {
 func (c *Cluster) Heal() error {
 	ctx := context.Background()
 	var errs []error
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		out, err := ip(ctx, "-n", nodeNS(n), "route", "show", "type", "blackhole")
 		if err != nil {
 			errs = append(errs, err)
 		}
 		for line := range strings.Lines(out) {
 			f := strings.Fields(line)
-			if len(f) >= 2 && f[0] == "blackhole" && !isClientIP(f[1]) {
+			if len(f) >= 2 && f[0] == "blackhole" && !c.layout().isClientIP(f[1]) {
 				if _, err := ip(ctx, "-n", nodeNS(n), "route", "del", "blackhole", f[1]); err != nil {
 					errs = append(errs, err)
 				}
 			}
 		}
-		if _, err := ip(ctx, "-n", hubNS, "link", "set", hubVeth(n), "up"); err != nil {
+		if _, err := ip(ctx, "-n", c.layout().hub, "link", "set", hubVeth(n), "up"); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -199,7 +201,7 @@ func (c *Cluster) Dial(network, addr string) (net.Conn, error) {
 // an ordinary net.Conn: a socket belongs to the namespace it was created
 // in, whatever thread uses it later.
 func (c *Cluster) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	return dialIn(ctx, nsPath(hubNS), network, addr)
+	return dialIn(ctx, nsPath(c.layout().hub), network, addr)
 }
 
 // dialIn creates a socket inside the network namespace at nsFile and

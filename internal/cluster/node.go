@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -29,9 +30,9 @@ const (
 	// from the shared script's rmqc-*.
 	prefix = "amqpd-"
 	hubNS  = prefix + "hub"
+	// bridge lives in a layout's hub namespace, so every layout may use
+	// the same name.
 	bridge = "amqpdbr0"
-	subnet = "10.201.0."
-	hubIP  = subnet + "254"
 
 	stateFile = "cluster.json"
 
@@ -43,45 +44,13 @@ const (
 type state struct {
 	PartitionHandling string `json:"partition_handling"`
 	NetTicktime       int    `json:"net_ticktime"`
-}
-
-func (n Node) check() error {
-	switch n {
-	case A, B, C:
-		return nil
-	}
-	return fmt.Errorf("cluster: unknown node %q (a, b or c)", string(n))
-}
-
-// idx is the node's position in Nodes; its address and ports are 1+idx.
-func idx(n Node) int {
-	switch n {
-	case A:
-		return 0
-	case B:
-		return 1
-	case C:
-		return 2
-	}
-	panic("cluster: unknown node " + string(n))
+	// Standalone says, for a standalone node's Dir, which layout Attach
+	// must rebuild: a three-node layout over it would stop the cluster.
+	Standalone *Standalone `json:"standalone,omitempty"`
 }
 
 func nodeName(n Node) string { return "rabbit@" + prefix + string(n) }
 func nodeNS(n Node) string   { return prefix + string(n) }
-func nodeIP(n Node) string   { return subnet + strconv.Itoa(1+idx(n)) }
-func amqpPort(n Node) int    { return 5681 + idx(n) }
-func distPort(n Node) int    { return 25681 + idx(n) }
-func amqpAddr(n Node) string { return nodeIP(n) + ":" + strconv.Itoa(amqpPort(n)) }
-
-// nodeOf maps an Erlang node name ("rabbit@amqpd-b") to our Node.
-func nodeOf(erl string) (Node, bool) {
-	for _, n := range Nodes {
-		if erl == nodeName(n) {
-			return n, true
-		}
-	}
-	return "", false
-}
 
 func (c *Cluster) nodeDir(n Node) string { return filepath.Join(c.o.Dir, string(n)) }
 func (c *Cluster) pidFile(n Node) string { return filepath.Join(c.nodeDir(n), "beam.pid") }
@@ -101,9 +70,9 @@ func (c *Cluster) env(n Node) []string {
 		// rabbit@localhost) is never read.
 		"RABBITMQ_CONF_ENV_FILE=" + filepath.Join(c.o.Dir, "rabbitmq-env.conf"),
 		"RABBITMQ_NODENAME=" + nodeName(n),
-		"RABBITMQ_NODE_IP_ADDRESS=" + nodeIP(n),
-		"RABBITMQ_NODE_PORT=" + strconv.Itoa(amqpPort(n)),
-		"RABBITMQ_DIST_PORT=" + strconv.Itoa(distPort(n)),
+		"RABBITMQ_NODE_IP_ADDRESS=" + c.layout().nodeIP(n),
+		"RABBITMQ_NODE_PORT=" + strconv.Itoa(c.layout().amqpPort(n)),
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(c.layout().distPort(n)),
 		"RABBITMQ_CONFIG_FILE=" + filepath.Join(d, "rabbitmq.conf"),
 		"RABBITMQ_ADVANCED_CONFIG_FILE=" + filepath.Join(d, "advanced.config"),
 		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(d, "enabled_plugins"),
@@ -135,7 +104,7 @@ func (c *Cluster) writeFiles() error {
 	if err := writeCookie(home); err != nil {
 		return err
 	}
-	for _, n := range Nodes {
+	for _, n := range c.layout().nodes {
 		for _, sub := range []string{"log", "mnesia"} {
 			if err := os.MkdirAll(filepath.Join(c.nodeDir(n), sub), 0o755); err != nil {
 				return err
@@ -172,6 +141,7 @@ func (c *Cluster) writeState() error {
 	st, err := json.Marshal(state{
 		PartitionHandling: c.o.PartitionHandling,
 		NetTicktime:       c.o.NetTicktime,
+		Standalone:        c.o.Standalone,
 	})
 	if err != nil {
 		return err
@@ -194,18 +164,25 @@ func writeCookie(home string) error {
 
 // configFiles returns the text files of Dir, by path within it: the empty
 // env file, the inetrc that resolves the nodes' host names, and each
-// node's config, advanced config and plugins file.
+// node's config, advanced config and plugins file (a standalone node's
+// own additions included).
 func (c *Cluster) configFiles() map[string]string {
 	var inetrc strings.Builder
-	for _, n := range Nodes {
-		fmt.Fprintf(&inetrc, "{host, {%s}, [%q]}.\n", strings.ReplaceAll(nodeIP(n), ".", ","), nodeNS(n))
+	for _, n := range c.layout().nodes {
+		fmt.Fprintf(&inetrc, "{host, {%s}, [%q]}.\n", strings.ReplaceAll(c.layout().nodeIP(n), ".", ","), nodeNS(n))
 	}
 	inetrc.WriteString("{lookup, [file, native]}.\n")
 	files := map[string]string{
 		"rabbitmq-env.conf": "",
 		"inetrc":            inetrc.String(),
 	}
-	for _, n := range Nodes {
+	var s Standalone
+	if c.o.Standalone != nil {
+		s = *c.o.Standalone
+	}
+	advanced := cmp.Or(s.AdvancedConfig, "[].\n")
+	plugins := "[" + strings.Join(s.Plugins, ",") + "].\n"
+	for _, n := range c.layout().nodes {
 		files[filepath.Join(string(n), "rabbitmq.conf")] = fmt.Sprintf(
 			`# written by amqp091-drainer's internal/cluster
 listeners.tcp.default = %s
@@ -214,9 +191,9 @@ loopback_users = none
 cluster_partition_handling = %s
 log.file.level = info
 log.console = false
-`, amqpAddr(n), c.o.PartitionHandling)
-		files[filepath.Join(string(n), "advanced.config")] = "[].\n"
-		files[filepath.Join(string(n), "enabled_plugins")] = "[].\n"
+`, c.layout().amqpAddr(n), c.o.PartitionHandling) + s.Config
+		files[filepath.Join(string(n), "advanced.config")] = advanced
+		files[filepath.Join(string(n), "enabled_plugins")] = plugins
 	}
 	return files
 }
@@ -298,7 +275,7 @@ func deadline(ctx context.Context) time.Time {
 // expiry the whole process group (CLI and its Erlang VM) is killed. The
 // error carries standard error.
 func (c *Cluster) Ctl(ctx context.Context, n Node, args ...string) (string, error) {
-	if err := n.check(); err != nil {
+	if err := c.layout().check(n); err != nil {
 		return "", err
 	}
 	argv := append([]string{"netns", "exec", nodeNS(n), rmqCtl, "-n", nodeName(n)}, args...)
@@ -436,10 +413,11 @@ func waitGone(ctx context.Context, p int) bool {
 	return true
 }
 
-// cleanStale kills every beam.smp that runs one of our node names (in any
-// Dir: the names are ours alone) and deletes our namespaces, which kills
-// what else ran in them (each node's epmd).
-func cleanStale(log *slog.Logger) error {
+// cleanStale kills every beam.smp that runs one of l's node names (in any
+// Dir: the names are l's alone) and deletes l's namespaces, which kills
+// what else ran in them (each node's epmd). Other layouts' nodes and
+// namespaces are left alone.
+func (l *layout) cleanStale(log *slog.Logger) error {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return err
@@ -450,7 +428,7 @@ func cleanStale(log *slog.Logger) error {
 		if err != nil || comm(p) != "beam.smp" {
 			continue
 		}
-		if _, ok := nodeOf(environ(p)["RABBITMQ_NODENAME"]); !ok {
+		if _, ok := l.nodeOf(environ(p)["RABBITMQ_NODENAME"]); !ok {
 			continue
 		}
 		if err := syscall.Kill(p, syscall.SIGKILL); err == nil {
@@ -465,5 +443,5 @@ func cleanStale(log *slog.Logger) error {
 			return fmt.Errorf("cluster: stale beam.smp %d survived kill -9", p)
 		}
 	}
-	return netDown()
+	return l.netDown()
 }

@@ -128,7 +128,7 @@ func TestClientAddresses(t *testing.T) {
 	}
 	for dst, want := range map[string]bool{"10.201.0.101/32": true, "10.201.0.200": true,
 		"10.201.0.2/32": false, "10.201.0.254": false, "10.202.0.101": false, "default": false} {
-		if got := isClientIP(dst); got != want {
+		if got := three.isClientIP(dst); got != want {
 			t.Errorf("isClientIP(%q) = %v, want %v", dst, got, want)
 		}
 	}

@@ -15,11 +15,11 @@ package amqp091
 // ever (cutFor), and Close's own wait takes the turn and reads its close-ok. Over another
 // conn (io.Pipe) a read cannot be cut short, so it reads on until g ends, alongside Close,
 // or a peer writing to us would block the close.
-func (l *legacyConn) autoDrain(g *legacyGen) {
+func (l *legacyConn) autoDrain(g *readGen) {
 	before := func() (bool, *Error) {
 		return l.isCalled() && g.read.nc != nil, nil
 	}
-	if err := l.holdTurn(&g.readGen, before); err != nil {
-		l.fail(&g.readGen, err)
+	if err := l.holdTurn(g, before); err != nil {
+		l.fail(g, err)
 	}
 }

@@ -5,7 +5,6 @@ package amqp091
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 )
 
@@ -19,30 +18,24 @@ import (
 // connection. Held at the gate, it has written nothing, so it can give up cleanly.
 //
 // The gate is an atomic pointer so that a publish on an unblocked connection, the common case,
-// costs one atomic load and no lock. m orders block and unblock, so that a chan is made once
-// per block and closed once; a publish that loaded the chan before an unblock still sees it
-// closed. Every end of a block releases the gate: connection.unblocked, the connection's end
-// (readBase.shutdown) and a new generation (readBase.install), whose socket starts unblocked.
+// costs one atomic load and no lock. block sets a chan only where none is (CompareAndSwap) and
+// unblock takes it out (Swap), so that one chan serves a block and is closed once; a publish
+// that loaded the chan before an unblock still sees it closed. Every end of a block releases
+// the gate: connection.unblocked, the connection's end (readBase.shutdown) and a new
+// generation (readBase.install), whose socket starts unblocked.
 type blockGate struct {
-	m       sync.Mutex                    // serialises block and unblock
 	blocked atomic.Pointer[chan struct{}] // set while blocked, closed at unblock
 }
 
 // block marks the connection blocked (connection.blocked). A second connection.blocked
 // while blocked keeps the chan: the one unblock releases every publish held since the first.
 func (b *blockGate) block() {
-	b.m.Lock()
-	defer b.m.Unlock()
-	if b.blocked.Load() == nil {
-		ch := make(chan struct{})
-		b.blocked.Store(&ch)
-	}
+	ch := make(chan struct{})
+	b.blocked.CompareAndSwap(nil, &ch)
 }
 
 // unblock releases the held publishes: connection.unblocked, the end, or a new generation.
 func (b *blockGate) unblock() {
-	b.m.Lock()
-	defer b.m.Unlock()
 	if p := b.blocked.Swap(nil); p != nil {
 		close(*p)
 	}

@@ -10,7 +10,7 @@
 //     From then the body belongs to the delivery: the assembly, then the queued job or the
 //     consumer's inbox, each the only holder in turn.
 //  3. ConsumeFunc's loop lends it to the handler for one call. When the handler returns (or
-//     when the delivery is requeued or dropped instead of handled), directConsumer.recycle
+//     when the delivery is requeued or dropped instead of handled), directConsumer.deliver
 //     puts it back (recycleBody). From then the next delivery may be read into it.
 //  4. A delivery that never reaches its ConsumeFunc (dropped by Close, or after the consumer
 //     ended) is not returned: the garbage collector takes its buffer. Nothing waits for a return.

@@ -84,8 +84,7 @@ func (r *boundedRun) run() {
 // from done, so the call's goroutine is finished with r.
 func (r *boundedRun) finish() error {
 	err := r.err
-	r.call = nil
-	r.err = nil
+	*r = boundedRun{done: r.done}
 	boundedRuns.Put(r)
 	return err
 }
@@ -137,14 +136,12 @@ func (ch *Channel) bounded(ctx context.Context, method string, call func() error
 // is once the call returned (ch's shutdown ends the call's reply wait). A nil ended says the
 // request was written already.
 func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
-	stand := ch.abandonToStandIn()
-	if stand == nil {
-		return
+	if stand := ch.abandonToStandIn(); stand != nil {
+		go func() {
+			err := ch.retire(stand, "abandoned "+method, ended)
+			stand.closeInBackground(err)
+		}()
 	}
-	go func() {
-		err := ch.retire(stand, "abandoned "+method, ended)
-		stand.closeInBackground(err)
-	}()
 }
 
 // A stand-in is a Channel that holds an abandoned channel's id until the broker's close-ok:
@@ -158,35 +155,27 @@ func (ch *Channel) abandonAfter(method string, ended <-chan struct{}) {
 // closing (closeInit: no recovery brings it back) and closed (nothing more is sent on it).
 // The checks, the marks and the registration share one c.m section, so of two abandonments
 // racing (a ctx and the RPC timeout, say) only one gets a stand-in.
-func (ch *Channel) abandonToStandIn() *Channel {
-	c := ch.connection
-	c.m.Lock()
-	defer c.m.Unlock()
-	if c.channels[ch.id] != ch || ch.closeInit.Load() || ch.IsClosed() {
-		return nil
-	}
-	ch.closeInit.Store(true)
-	ch.setClosed()
-	return ch.registerStandIn()
-}
+func (ch *Channel) abandonToStandIn() *Channel { return ch.registerStandIn(true) }
 
 // standInForClose gives the id of ch, whose channel.close was written, to a new stand-in that
 // waits for the close-ok, under c.m; nil if ch no longer holds its id. ch itself is left as
 // Close left it: Close is already shutting it down.
-func (ch *Channel) standInForClose() *Channel {
+func (ch *Channel) standInForClose() *Channel { return ch.registerStandIn(false) }
+
+// registerStandIn puts a new stand-in, which discards the frames it gets, on ch's id, under
+// c.m; nil, with nothing changed, if ch no longer holds its id, or (abandon) if ch is closed
+// or closing already. With abandon, ch is marked closing and closed first.
+func (ch *Channel) registerStandIn(abandon bool) *Channel {
 	c := ch.connection
 	c.m.Lock()
 	defer c.m.Unlock()
-	if c.channels[ch.id] != ch {
+	if c.channels[ch.id] != ch || abandon && (ch.closeInit.Load() || ch.IsClosed()) {
 		return nil
 	}
-	return ch.registerStandIn()
-}
-
-// registerStandIn puts a new stand-in, which discards the frames it gets, on ch's id; the
-// caller holds c.m and has checked that ch holds the id.
-func (ch *Channel) registerStandIn() *Channel {
-	c := ch.connection
+	if abandon {
+		ch.closeInit.Store(true)
+		ch.setClosed()
+	}
 	stand := newChannel(c, ch.id)
 	stand.closeInit.Store(true)
 	c.channels[ch.id] = stand
@@ -265,8 +254,7 @@ func (ch *Channel) awaitCloseOk(ctx context.Context, pump bool) error {
 	errs, rpc := ch.errors, ch.rpc
 	ch.m.Unlock()
 	next := waitReply
-	rp := ch.connection.rp
-	if pump && rp != nil {
+	if rp := ch.connection.rp; pump && rp != nil {
 		next = rp.nextReply
 	}
 	for {

@@ -30,8 +30,9 @@ type budget struct {
 
 	mu     sync.Mutex
 	used   int64
-	pinned int64         // part of used that only reading more can release
-	belowC chan struct{} // made by over for a reader about to pause; closed at low, then nil
+	pinned int64 // part of used that only reading more can release
+	// below's chan is made by over for a reader about to pause, and closed at low.
+	below wakeup
 
 	pauses      uint64        // for Stats
 	pausedTotal time.Duration // of the pauses that ended
@@ -49,15 +50,14 @@ func (b *budget) release(n int64) { b.add(-n, 0) }
 func (b *budget) pin(n int64)   { b.add(n, n) }
 func (b *budget) unpin(n int64) { b.add(-n, -n) }
 
-// add counts n bytes more used, pinned of them pinned, and wakes a paused reader (closes belowC)
-// once usage less pinned is at most low.
+// add counts n bytes more used, pinned of them pinned, and wakes a paused reader (closes
+// below's chan) once usage less pinned is at most low.
 func (b *budget) add(n, pinned int64) {
 	b.mu.Lock()
 	b.used += n
 	b.pinned += pinned
-	if b.used-b.pinned <= b.low && b.belowC != nil {
-		close(b.belowC)
-		b.belowC = nil
+	if b.used-b.pinned <= b.low {
+		b.below.wake() // only a load while nobody waits
 	}
 	b.mu.Unlock()
 }
@@ -71,10 +71,7 @@ func (b *budget) over() (over bool, below <-chan struct{}) {
 	if b.used-b.pinned <= b.high {
 		return false, nil
 	}
-	if b.belowC == nil {
-		b.belowC = make(chan struct{})
-	}
-	return true, b.belowC
+	return true, b.below.wait()
 }
 
 // pauseBegan records that the reader stopped reading for the budget.

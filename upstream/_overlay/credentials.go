@@ -31,12 +31,14 @@ type CredentialsFunc func(ctx context.Context) (Authentication, error)
 // was sent to the broker: the provider is asked before the protocol header.
 var ErrCredentialsProvider = errors.New("amqp: credentials provider failed")
 
-// credentialsFor asks provider for a login to endpoint, bounded by timeout. The provider runs
-// on its own goroutine, so a provider that ignores its ctx is left behind, not waited for;
-// done is buffered so that its late answer never blocks it.
-func credentialsFor(provider CredentialsFunc, endpoint string,
-	timeout time.Duration) ([]Authentication, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+// credentialsFor asks provider for a login to endpoint, bounded by timeout and ctx, and
+// returns its Authentication with the expiry of an ExpiringAuth unwrapped (refresh.go): the
+// login sends the inner one, whose password openComplete zeroes. The provider runs on its
+// own goroutine, so a provider that ignores its ctx is left behind, not waited for; done is
+// buffered so that its late answer never blocks it.
+func credentialsFor(ctx context.Context, provider CredentialsFunc, endpoint string,
+	timeout time.Duration) ([]Authentication, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	// answer carries the provider's two results through one chan.
 	type answer struct {
@@ -47,16 +49,23 @@ func credentialsFor(provider CredentialsFunc, endpoint string,
 	go func() { auth, err := provider(ctx); done <- answer{auth, err} }()
 	select {
 	case a := <-done:
+		var expires time.Time
+		switch e := a.auth.(type) {
+		case ExpiringAuth:
+			a.auth, expires = e.Authentication, e.Expires
+		case *ExpiringAuth:
+			a.auth, expires = e.Authentication, e.Expires
+		}
 		switch {
 		case a.err != nil:
-			return nil, fmt.Errorf("%w for %s: %w", ErrCredentialsProvider, endpoint, a.err)
+			return nil, expires, fmt.Errorf("%w for %s: %w", ErrCredentialsProvider, endpoint, a.err)
 		case a.auth == nil:
-			return nil, fmt.Errorf("%w for %s: it returned no Authentication",
+			return nil, expires, fmt.Errorf("%w for %s: it returned no Authentication",
 				ErrCredentialsProvider, endpoint)
 		}
-		return []Authentication{a.auth}, nil
+		return []Authentication{a.auth}, expires, nil
 	case <-ctx.Done():
-		return nil, fmt.Errorf("%w for %s: no answer within %v: %w",
+		return nil, time.Time{}, fmt.Errorf("%w for %s: no answer within %v: %w",
 			ErrCredentialsProvider, endpoint, timeout, ctx.Err())
 	}
 }
@@ -68,10 +77,12 @@ func (c *Connection) openCredentials(config *Config) error {
 	if config.Credentials == nil {
 		return nil
 	}
-	sasl, err := credentialsFor(config.Credentials, c.endpoint(), defaultConnectionTimeout)
+	sasl, expires, err := credentialsFor(context.Background(), config.Credentials,
+		c.endpoint(), defaultConnectionTimeout)
 	if err != nil {
 		return err
 	}
+	c.refresh.login(expires)
 	config.SASL = sasl
 	c.Config.SASL = sasl
 	return nil
@@ -87,10 +98,12 @@ func (c *Connection) openRecovered() error {
 	// c.Config.SASL from Open's (or from the URL dialled) just before.
 	switch {
 	case c.Config.Credentials != nil:
-		sasl, err := credentialsFor(c.Config.Credentials, endpoint, c.handshakeTimeout())
+		sasl, expires, err := credentialsFor(context.Background(), c.Config.Credentials, endpoint,
+			c.handshakeTimeout())
 		if err != nil {
 			return err
 		}
+		c.refresh.login(expires)
 		c.Config.SASL = sasl
 	case c.safeRecovery():
 		if s := c.recovery.secret.Load(); s != nil {
@@ -136,14 +149,23 @@ func loginError(err error, endpoint string, sasl []Authentication) error {
 	}
 	user := "the configured user"
 	if len(sasl) > 0 {
-		switch a := sasl[0].(type) {
-		case *PlainAuth:
-			user = fmt.Sprintf("user %q", a.Username)
-		case *AMQPlainAuth:
-			user = fmt.Sprintf("user %q", a.Username)
+		if name, _, ok := userAndSecret(sasl[0]); ok {
+			user = fmt.Sprintf("user %q", name)
 		}
 	}
 	return fmt.Errorf("amqp: login to %s as %s refused: %w", endpoint, user, err)
+}
+
+// userAndSecret returns the user and password of a *PlainAuth or *AMQPlainAuth, the
+// mechanisms that carry them: loginError names the user, a refresh sends the password.
+func userAndSecret(a Authentication) (user, secret string, ok bool) {
+	switch a := a.(type) {
+	case *PlainAuth:
+		return a.Username, a.Password, true
+	case *AMQPlainAuth:
+		return a.Username, a.Password, true
+	}
+	return "", "", false
 }
 
 // endpoint names the peer for errors: RemoteAddr, or "the broker" without one (upstream's

@@ -18,7 +18,7 @@ import (
 
 func TestCredentialsForAnswers(t *testing.T) {
 	want := &PlainAuth{Username: "u", Password: "p"}
-	got, err := credentialsFor(func(context.Context) (Authentication, error) { return want, nil }, "host:5672", time.Second)
+	got, _, err := credentialsFor(context.Background(), func(context.Context) (Authentication, error) { return want, nil }, "host:5672", time.Second)
 	if err != nil || len(got) != 1 || got[0] != want {
 		t.Fatalf("credentialsFor = %v, %v; want [%v]", got, err, want)
 	}
@@ -46,7 +46,7 @@ func TestCredentialsForFailures(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
-			_, err := credentialsFor(tc.provider, "host:5672", 20*time.Millisecond)
+			_, _, err := credentialsFor(context.Background(), tc.provider, "host:5672", 20*time.Millisecond)
 			if !errors.Is(err, ErrCredentialsProvider) || (tc.wraps != nil && !errors.Is(err, tc.wraps)) {
 				t.Fatalf("err = %v, want ErrCredentialsProvider wrapping %v", err, tc.wraps)
 			}

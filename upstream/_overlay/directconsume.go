@@ -152,19 +152,15 @@ func (dc *directConsumer) deliver(next *Delivery, drop bool) {
 	default:
 		err = dc.handle(d)
 	}
-	dc.recycle(d)
-	if err != nil {
-		dc.failed = err
-		dc.cancel()
-	}
-}
-
-// recycle takes d's body back once the handler is done with it.
-func (dc *directConsumer) recycle(d *Delivery) {
+	// The handler is done with d's body: take it back.
 	if dc.pooled {
 		recycleBody(d.Body, dc.poison)
 	}
 	d.Body = nil
+	if err != nil {
+		dc.failed = err
+		dc.cancel()
+	}
 }
 
 // cancel cancels the consumer, or drops the rest if the channel is gone: with no channel

@@ -81,6 +81,7 @@ func (m drainerMode) attach(c *Connection) readPath {
 	o := m.opts
 	d := &drainConn{opts: o, budget: newBudget(o.Budget, o.Budget/2)}
 	d.dispatchers = map[*Channel]*chanDispatcher{}
+	d.conn0.budget = d.budget
 	d.init(c, d, "drainer", o.Observer, d.budget)
 	d.rpcTimeout = o.RPCTimeout
 	d.closeTimeout = o.CloseTimeout
@@ -91,7 +92,7 @@ func (m drainerMode) attach(c *Connection) readPath {
 	d.buffers.watch = d.watch
 	d.initOutbox(&d.connOut, &c.notifyM, &c.noNotify)
 	d.confirmWait = func(context.Context, <-chan struct{}) error {
-		if g := d.current(); g != nil {
+		if g := d.generation(); g != nil {
 			g.turn.reclaim() // a lessee may be parked on the confirmation's own channel
 		}
 		return nil
@@ -102,49 +103,43 @@ func (m drainerMode) attach(c *Connection) readPath {
 // drainConn is the drainer read path of one Connection, across generations.
 type drainConn struct {
 	readBase
-	genSlot[drainGen, *drainGen]
+	genSlot
 	opts        DrainerOptions
 	budget      *budget
 	connOut     outbox     // connection.blocked/unblocked, in order
 	jobs        workCount  // jobs queued for dispatchers (awaited by flush, replyWins)
 	work        workCount  // items queued in outboxes (awaited by flush)
-	mu          sync.Mutex // guards dispatchers and conn0; each dispatcher's outer lock
+	mu          sync.Mutex // guards dispatchers; each dispatcher's outer lock
 	dispatchers map[*Channel]*chanDispatcher
-	conn0       *serialQueue  // channel-0 work that may block (conn0Work)
+	conn0       serialQueue   // channel-0 work that may block (conn0Work)
 	watch       *watcher      // warnings and the stall policy (watch.go), nil without them
 	pausedFor   ListenerStats // the biggest holder when reading paused (drainer goroutine only)
 }
 
-// drainGen is one connection generation: one socket, one drainer goroutine.
-type drainGen struct {
-	readGen
-	done chan struct{} // closed when the drainer goroutine has returned
-}
-
 // start runs a new generation's drainer once the previous one has exited.
 func (d *drainConn) start(conn io.ReadWriteCloser) {
-	g := &drainGen{done: make(chan struct{})}
-	d.initGen(&g.readGen, conn)
+	g := &readGen{done: make(chan struct{})}
+	d.initGen(g, conn)
 	// Content being assembled is charged as pinned bytes: counted in the budget, never
 	// a reason to pause, since only reading more completes it (budget.go).
 	g.read.cr.budget = d.budget
 	prev := d.replace(g)
-	d.install(&g.readGen, d.writer(&g.readGen, nil))
+	d.install(g, d.writer(g, nil))
 	go d.run(g, prev)
 }
 
 // run is the drainer goroutine: it holds g's read turn (holdTurn) until g ends, and is the
 // one exit that fails the connection on a read's error.
-func (d *drainConn) run(g *drainGen, prev *drainGen) {
+func (d *drainConn) run(g, prev *readGen) {
 	defer close(g.done)
 	if prev != nil {
 		<-prev.done // one reader per connection, even across a recovery
 	}
-	before := func() (bool, *Error) { return d.pauseIfOver(&g.readGen) }
-	err := d.holdTurn(&g.readGen, before)
+	before := func() (bool, *Error) { return d.pauseIfOver(g) }
+	err := d.holdTurn(g, before)
 	g.read.cr.release() // content cut short by the generation's end, before the teardown
 	if err != nil {
-		d.fail(&g.readGen, err)
+		d.fail(g, err)
 	}
 }
 

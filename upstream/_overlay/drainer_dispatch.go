@@ -32,12 +32,10 @@ type chanDispatcher struct {
 	ch  *Channel
 }
 
-// route0 hands a channel-0 frame on, upstream's dispatch0 without its waits, counted
-// first: a DrainEvents caller it wakes must not take it for progress made after it began.
-// stop ends reading: after connection.close (the teardown follows on conn0Work), or with
-// err to fail with.
+// route0 hands a channel-0 frame on, upstream's dispatch0 without its waits. stop ends
+// reading: after connection.close (the teardown follows on conn0Work), or with err to fail
+// with.
 func (d *drainConn) route0(g *readGen, f frame) (stop bool, err *Error) {
-	g.activity.frames.Add(1)
 	mf, ok := f.(*methodFrame)
 	if !ok {
 		// Only methods and heartbeats come on channel 0 (spec 4.2.3). A heartbeat needs nothing
@@ -103,27 +101,17 @@ func (d *drainConn) protocolClose(err *Error) {
 }
 
 // conn0Work runs channel-0 work that may block (writes, teardown) in order, on a queue of its
-// own, made on first use: the turn's holder must not wait for sendM or for a shutdown.
+// own: the turn's holder must not wait for sendM or for a shutdown.
 //
 // conn0 has no linger and is counted in neither jobs nor work: its goroutine ends when it is
 // empty, and a shutdown's flush does not wait for it, since the teardown (d.c.shutdown, which
 // flushes) runs on it and would wait for itself.
-func (d *drainConn) conn0Work(job func()) {
-	d.mu.Lock()
-	if d.conn0 == nil {
-		d.conn0 = &serialQueue{workQueue: workQueue[queuedJob]{budget: d.budget}}
-	}
-	q := d.conn0
-	d.mu.Unlock()
-	q.push(frameCost, job)
-}
+func (d *drainConn) conn0Work(job func()) { d.conn0.push(frameCost, job) }
 
-// handOn queues a channel frame's step for its dispatcher, counted first: a DrainEvents
-// caller woken by activity must not take the frame for progress made after it began.
-// A job is charged a frame's overhead, plus its body, until it ran: what waits for a slow
-// dispatcher counts toward the budget as a delivery in an inbox does.
-func (d *drainConn) handOn(g *readGen, step chanStep) {
-	g.activity.frames.Add(1)
+// handOn queues a channel frame's step for its dispatcher. A job is charged a frame's
+// overhead, plus its body, until it ran: what waits for a slow dispatcher counts toward the
+// budget as a delivery in an inbox does.
+func (d *drainConn) handOn(step chanStep) {
 	switch {
 	case step.closed != nil:
 		d.conn0Work(func() { d.dispatchClosed(step.closed) })
@@ -206,7 +194,7 @@ const dispatcherLinger = time.Second
 // channels they served are gone with it. It is asked each time the goroutine parks
 // (parkUntilPut), so a dispatcher that outlives a recovery watches the generation current then.
 func (d *drainConn) genDead() <-chan struct{} {
-	if g := d.current(); g != nil {
+	if g := d.generation(); g != nil {
 		return g.dead
 	}
 	return nil
@@ -333,11 +321,8 @@ func (d *drainConn) confirm(ch *Channel, out *outbox, conf Confirmation, multipl
 		// Taken now, lest reset or Close nack them too; only tags in [expecting, published]
 		// wait, so the walk is bounded by what was published.
 		cf.publishedMut.Lock()
-		last := cf.published
+		last := minOf(cf.published, conf.DeliveryTag)
 		cf.publishedMut.Unlock()
-		if conf.DeliveryTag < last {
-			last = conf.DeliveryTag
-		}
 		dcs := cf.deferredConfirmations.take(cf.expecting, last, conf.DeliveryTag, multiple)
 		if len(dcs) > 0 {
 			settle = &settlement{dcs: dcs, ack: conf.Ack}

@@ -208,17 +208,14 @@ func (c *Connection) endpointCredentials() bool {
 	if c.Config.Endpoints == nil {
 		return false
 	}
-	uri, err := ParseURI(c.url)
-	if err != nil {
-		return false
-	}
 	// What upstream's setSASL derives from the first URL, compared with the SASL that Open
 	// was given (originalSASL): equal means it came from the URL, none of the application's.
 	var fromURL Config
-	if err := fromURL.setSASL(uri); err != nil {
-		return false
+	uri, err := ParseURI(c.url)
+	if err == nil {
+		err = fromURL.setSASL(uri)
 	}
-	return reflect.DeepEqual(fromURL.SASL, c.originalSASL)
+	return err == nil && reflect.DeepEqual(fromURL.SASL, c.originalSASL)
 }
 
 // redactURL is s with its password hidden, for logs and errors.

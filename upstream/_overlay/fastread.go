@@ -23,6 +23,7 @@ package amqp091
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"time"
 )
@@ -343,13 +344,7 @@ func (a *contentAsm) header(size uint64, props properties, maxFrame uint32) bool
 	}
 	// The size is the peer's word: allocate at most a frame ahead, as upstream since v1.17.0,
 	// so that a header claiming 4 GiB costs nothing until the bytes arrive.
-	capacity := uint64(maxFrame)
-	if capacity == 0 {
-		capacity = defaultFrameSize
-	}
-	if size < capacity {
-		capacity = size
-	}
+	capacity := minOf(size, cmp.Or(uint64(maxFrame), defaultFrameSize))
 	// a.fast first: only a fast basic.deliver has its consumer tag in a.deliver, which with the
 	// channel is what pooledConsumers is keyed by.
 	if a.fast && capacity == size &&
@@ -372,14 +367,8 @@ func (a *contentAsm) bodyFrame(p []byte) bool {
 	// Grown by hand rather than by append, whose growth could overshoot the announced size: the
 	// new buffer is capped at the size, unless the peer sends more than it announced.
 	if need := len(a.body) + len(p); need > cap(a.body) {
-		n := 2 * cap(a.body) // doubling, up to the size announced
-		if uint64(n) > a.size {
-			n = int(a.size)
-		}
-		if n < need {
-			n = need
-		}
-		a.body = append(make([]byte, 0, n), a.body...)
+		n := int(minOf(uint64(2*cap(a.body)), a.size)) // doubling, up to the size announced
+		a.body = append(make([]byte, 0, max(n, need)), a.body...)
 	}
 	a.body = append(a.body, p...)
 	// ≥, as upstream's recvContent: a body past the announced size completes the content, extra
@@ -467,9 +456,6 @@ func (cr *contentReader) asm(id uint16, ch *Channel) *contentAsm {
 	}
 	a := cr.asms[id]
 	if a == nil {
-		if cr.asms == nil {
-			cr.asms = map[uint16]*contentAsm{}
-		}
 		a = &contentAsm{ch: ch, budget: cr.budget}
 		cr.asms[id] = a
 	} else if a.ch != ch {

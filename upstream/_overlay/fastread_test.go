@@ -225,7 +225,7 @@ func checkAssembly(t *testing.T, frames [][]byte, maxFrame uint32) {
 		return s
 	}
 	up, fast := newSide(), newSide()
-	cr := &contentReader{budget: newBudget(1<<40, 1<<39)}
+	cr := &contentReader{asms: map[uint16]*contentAsm{}, budget: newBudget(1<<40, 1<<39)}
 
 	for _, raw := range frames {
 		id := binary.BigEndian.Uint16(raw[1:3])

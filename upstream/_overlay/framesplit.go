@@ -4,6 +4,7 @@ package amqp091
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -68,10 +69,7 @@ func (e *frameError) Unwrap() error { return e.err }
 
 // limit is the largest frame, header and frame-end included, accepted now.
 func (s *frameSplitter) limit() int {
-	if max := s.maxFrame.Load(); max > 0 {
-		return int(max)
-	}
-	return maxUnlimitedFrame
+	return cmp.Or(int(s.maxFrame.Load()), maxUnlimitedFrame)
 }
 
 // next returns the next whole frame, or nil when none is buffered; the frame aliases the buffer
@@ -145,10 +143,7 @@ func (s *frameSplitter) fill(r io.Reader) (int, error) {
 	}
 	if s.end == len(s.buf) && len(s.buf) < readAhead {
 		// More is waiting: double the read-ahead (an idle connection never).
-		ahead := min(2*len(s.buf), readAhead)
-		if limit := s.limit(); ahead > limit {
-			ahead = limit
-		}
+		ahead := min(min(2*len(s.buf), readAhead), s.limit())
 		s.ahead = max(s.ahead, ahead)
 	}
 	return n, err

@@ -52,11 +52,10 @@ type writeGroup struct {
 }
 
 // groupBatch is the frames of the publishes and acks that arrived during one write. Its
-// members' frames and count change only under writeGroup.mu, before the role reaches it.
+// members' frames change only under writeGroup.mu, before the role reaches it.
 type groupBatch struct {
 	vecs  net.Buffers   // every member's frames, in arrival order
 	wrote net.Buffers   // vecs as the vectored write consumes it (writeVecs); no allocation
-	n     int           // publishes in it (acks count 0), for Stats.CoalescedPublishes
 	role  chan struct{} // closed when the writer role passes to the batch's first member
 	done  chan struct{} // closed once the batch is written; err is set before
 	err   error
@@ -101,11 +100,17 @@ func (c *Connection) writeGroupedFrame(f *methodFrame) error {
 	return err
 }
 
-// joinBatch adds a member's frames (vecs, n publishes) to the next batch while the writer role
-// is held elsewhere; the caller holds g.mu, which joinBatch releases. The batch's first member
-// waits for the role and writes the batch; any other waits until it is written.
+// joinBatch adds a member's frames (vecs, n publishes) to the next batch, making the batch if
+// there is none, while the writer role is held elsewhere; the caller holds g.mu, which
+// joinBatch releases. The batch's first member waits for the role and writes the batch; any
+// other waits until it is written.
 func (c *Connection) joinBatch(g *writeGroup, vecs net.Buffers, n int) error {
-	b, first := g.add(vecs, n)
+	first := g.next == nil
+	if first {
+		g.next = &groupBatch{role: make(chan struct{}), done: make(chan struct{})}
+	}
+	b := g.next
+	b.vecs = append(b.vecs, vecs...)
 	g.mu.Unlock()
 	if first {
 		return c.writeBatch(g, b)
@@ -113,19 +118,6 @@ func (c *Connection) joinBatch(g *writeGroup, vecs net.Buffers, n int) error {
 	c.rp.base().io.coalesced.Add(uint64(n)) // written by another member's write
 	<-b.done
 	return b.err
-}
-
-// add appends vecs (n publishes) to the next batch, making the batch if there is none, and
-// says whether the caller is its first member; g.mu is held.
-func (g *writeGroup) add(vecs net.Buffers, n int) (b *groupBatch, first bool) {
-	first = g.next == nil
-	if first {
-		g.next = &groupBatch{role: make(chan struct{}), done: make(chan struct{})}
-	}
-	b = g.next
-	b.vecs = append(b.vecs, vecs...)
-	b.n += n
-	return b, first
 }
 
 // writeBatch is the first member's part: it waits for the writer role, writes every member's

@@ -137,27 +137,25 @@ func (t *frameTally) feed(p []byte, settled func(SettleInfo)) (frames uint64) {
 // layout: class and method ids, a 64-bit delivery tag, then one octet of bits (multiple and
 // requeue for nack; requeue alone for reject; multiple alone for ack).
 func (t *frameTally) settle(settled func(SettleInfo)) {
-	if binary.BigEndian.Uint16(t.args[0:2]) != 60 { // basic
+	m, ok := settleMethods[binary.BigEndian.Uint16(t.args[2:4])]
+	if !ok || binary.BigEndian.Uint16(t.args[0:2]) != 60 { // basic
 		return
 	}
-	info := SettleInfo{Channel: binary.BigEndian.Uint16(t.hdr[1:3]),
-		DeliveryTag: binary.BigEndian.Uint64(t.args[4:12])}
 	bits := t.args[12]
-	switch binary.BigEndian.Uint16(t.args[2:4]) {
-	case 80: // basic.ack
-		info.Kind = SettleAck
-		info.Multiple = bits&1 != 0
-	case 120: // basic.nack
-		info.Kind = SettleNack
-		info.Multiple = bits&1 != 0
-		info.Requeue = bits&2 != 0
-	case 90: // basic.reject
-		info.Kind = SettleReject
-		info.Requeue = bits&1 != 0
-	default:
-		return
-	}
-	settled(info)
+	settled(SettleInfo{Kind: m.kind, Channel: binary.BigEndian.Uint16(t.hdr[1:3]),
+		DeliveryTag: binary.BigEndian.Uint64(t.args[4:12]), Multiple: bits&m.multiple != 0,
+		Requeue: bits&m.requeue != 0})
+}
+
+// settleMethods are the basic class's settling methods by method id: their kind, and which bit
+// of their last octet says multiple and which requeue (0: the method has no such bit).
+var settleMethods = map[uint16]struct {
+	kind              SettleKind
+	multiple, requeue byte
+}{
+	80:  {SettleAck, 1, 0},    // basic.ack
+	120: {SettleNack, 1, 2},   // basic.nack
+	90:  {SettleReject, 0, 1}, // basic.reject
 }
 
 // amqpHeader opens every connection's stream (spec 4.2.2).

@@ -46,11 +46,10 @@ func Legacy(opts LegacyOptions) ReadPath {
 
 type legacyMode struct{ opts LegacyOptions }
 
-func (m legacyMode) Mode() string { return legacyModeName(m.opts) }
-
-// legacyModeName: code branching on "legacy" decides whether it must drain.
-func legacyModeName(opts LegacyOptions) string {
-	if opts.AutoDrain {
+// Mode is "legacy" or "legacy-autodrain": code branching on "legacy" decides whether it
+// must drain.
+func (m legacyMode) Mode() string {
+	if m.opts.AutoDrain {
 		return "legacy-autodrain"
 	}
 	return "legacy"
@@ -59,7 +58,7 @@ func legacyModeName(opts LegacyOptions) string {
 func (m legacyMode) attach(c *Connection) readPath {
 	l := &legacyConn{opts: m.opts}
 	// Deliveries are counted, never paused on: the caller paces the reads.
-	l.init(c, l, legacyModeName(m.opts), m.opts.Observer, newBudget(math.MaxInt64, math.MaxInt64))
+	l.init(c, l, m.Mode(), m.opts.Observer, newBudget(math.MaxInt64, math.MaxInt64))
 	l.rpcTimeout = m.opts.RPCTimeout
 	l.closeTimeout = m.opts.CloseTimeout
 	l.coalesce = m.opts.CoalescePublishes
@@ -73,7 +72,7 @@ func (m legacyMode) attach(c *Connection) readPath {
 // legacyConn is the legacy read path of one Connection.
 type legacyConn struct {
 	readBase
-	genSlot[legacyGen, *legacyGen]
+	genSlot
 	opts      LegacyOptions
 	transport sync.Mutex // held across every write, and every net.Conn read (transportGuard)
 	// transportGuard's counts, each incremented before its holder looks at the others:
@@ -81,9 +80,6 @@ type legacyConn struct {
 	// writers waiting for a read to end.
 	writers, urgent, consumerReads, plainWriters atomic.Int32
 }
-
-// legacyGen is one connection generation.
-type legacyGen struct{ readGen }
 
 // handshakeTimeout is the dial's deadline, which legacy reads replace, as
 // upstream's Reconnect dials; a first dial's URI is unknown: the default.
@@ -100,11 +96,11 @@ func (c *Connection) handshakeTimeout() time.Duration {
 // handshake's bound (handshakeBy) starts now, as upstream's dial deadline does, because
 // legacy's reads set their own deadlines and so replace the dial's.
 func (l *legacyConn) start(conn io.ReadWriteCloser) {
-	g := &legacyGen{}
-	l.initGen(&g.readGen, conn)
+	g := &readGen{}
+	l.initGen(g, conn)
 	g.handshakeBy = time.Now().Add(l.c.handshakeTimeout())
 	l.replace(g)
-	l.install(&g.readGen, l.writer(&g.readGen, transportGuard{l, &g.readGen}))
+	l.install(g, l.writer(g, &transportGuard{l, g}))
 	if l.opts.AutoDrain {
 		go l.autoDrain(g)
 	}
@@ -220,8 +216,7 @@ func (l *legacyConn) cutShort(ctx context.Context, idle bool) error {
 
 // handOn is upstream's dispatchN; the fast path (fastread.go) assembles
 // content, so the channel's state machine stays in recvMethod.
-func (l *legacyConn) handOn(g *readGen, step chanStep) {
-	g.activity.frames.Add(1)
+func (l *legacyConn) handOn(step chanStep) {
 	switch {
 	case step.closed != nil:
 		l.c.dispatchClosed(step.closed)
@@ -239,7 +234,6 @@ func (l *legacyConn) handOn(g *readGen, step chanStep) {
 // routing it may be that very caller, reading for its own reply, so c.rpc is buffered
 // (connRPCCap), and a reply with no room fails the connection instead of hanging it.
 func (l *legacyConn) route0(g *readGen, f frame) (stop bool, err *Error) {
-	g.activity.frames.Add(1)
 	if mf, ok := f.(*methodFrame); ok {
 		if l.notifyBlocks(mf.Method) {
 			return false, nil
@@ -354,7 +348,7 @@ func (l *legacyConn) standInSend(send func() error) error {
 	l.writers.Add(1)
 	defer l.urgent.Add(-1)
 	defer l.writers.Add(-1)
-	if g := l.current(); g != nil {
+	if g := l.generation(); g != nil {
 		g.interrupt()
 	}
 	return send()

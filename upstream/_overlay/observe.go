@@ -52,6 +52,9 @@ type Observer struct {
 	// Connection runs when a generation opened (also by recovery or Reconnect), and at the
 	// end.
 	Connection func(ConnectionEvent)
+	// Refreshed runs after each refresh of expiring credentials (ExpiringAuth), on the
+	// refresh's own goroutine.
+	Refreshed func(RefreshInfo)
 }
 
 // PublishInfo describes one publish to BeforePublish and Published.
@@ -136,4 +139,11 @@ type ConnectionEvent struct {
 	Kind ConnectionEventKind
 	Mode string // the read mode
 	Err  error  // for ConnectionFailed: the error that ended it
+}
+
+// RefreshInfo describes one refresh of expiring credentials.
+type RefreshInfo struct {
+	Expires time.Time     // the new secret's expiry, or after a failure the installed one's
+	Took    time.Duration // from asking the provider to the broker's update-secret-ok
+	Err     error         // nil: installed; else wraps the provider's error or the broker's
 }

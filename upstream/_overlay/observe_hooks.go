@@ -4,6 +4,7 @@ package amqp091
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 )
@@ -50,9 +51,6 @@ func (s *confirmClocks) clock(obs *Observer, id uint16) *confirmClock {
 	defer s.mu.Unlock()
 	o := s.m[id]
 	if o == nil {
-		if s.m == nil {
-			s.m = map[uint16]*confirmClock{}
-		}
 		o = &confirmClock{obs: obs}
 		s.m[id] = o
 	}
@@ -90,8 +88,7 @@ func (o *confirmClock) sending(tag uint64) {
 	}
 	if len(o.sent) == cap(o.sent) && o.head >= len(o.sent)/2 {
 		// Slide down rather than grow: confirms keep up, mostly.
-		kept := copy(o.sent, o.sent[o.head:])
-		o.sent = o.sent[:kept]
+		o.sent = slices.Delete(o.sent, 0, o.head)
 		o.head = 0
 	}
 	o.sent = append(o.sent, now)
@@ -140,17 +137,14 @@ func (o *confirmClock) confirmed(channel uint16, tag uint64, multiple, ack bool)
 				Latency: time.Duration(now - at)})
 		}
 	}
-	for o.head < len(o.sent) && o.sent[o.head] == 0 { // drop the confirmed prefix
+	// Drop the confirmed prefix; once all is confirmed, the next sending starts afresh.
+	for o.head < len(o.sent) && o.sent[o.head] == 0 {
 		o.head++
 		o.base++
 	}
-	if o.head == len(o.sent) {
-		o.sent = o.sent[:0]
-		o.head = 0
-	}
 }
 
-// publishObserved is publishFast with the publish hooks; BeforePublish gets a copy of msg, so
+// publishObserved is publishFrames with the publish hooks; BeforePublish gets a copy of msg, so
 // that a hook adding trace headers never changes the application's Publishing.
 func (ch *Channel) publishObserved(ctx context.Context, o *Observer, exchange, key string,
 	mandatory, immediate bool, msg *Publishing) (dc *DeferredConfirmation, err error) {

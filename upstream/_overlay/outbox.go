@@ -36,7 +36,7 @@ type outItem interface {
 
 // queuedItem is an item, when it was queued (monoNow), its number (for a close's drop) and its
 // charge. The charge is kept with it, so that doneItem releases exactly what putLocked charged
-// without asking the item again (a notes' cost walks all its values).
+// without asking the item again.
 type queuedItem struct {
 	it   outItem
 	at   int64
@@ -131,9 +131,7 @@ func (o *outbox) dropBefore(seq uint64, wait time.Duration) {
 	if seq-1 > o.dropThrough {
 		o.dropThrough = seq - 1
 	}
-	if o.dropAt.IsZero() || at.Before(o.dropAt) {
-		o.dropAt = at
-	}
+	o.dropAt = earliest(o.dropAt, at)
 }
 
 // dropQueued makes everything queued so far droppable now.
@@ -157,10 +155,7 @@ func (o *outbox) runItem(q queuedItem) {
 		if o.watch != nil {
 			o.watch.waiting(o, q.it, q.at)
 		}
-		slice *= 2
-		if slice > outboxMaxSlice {
-			slice = outboxMaxSlice
-		}
+		slice = minOf(2*slice, outboxMaxSlice)
 	}
 }
 
@@ -194,15 +189,17 @@ func notifyAllInOrder[T any](o *outbox, ls []chan T, cost func(T) int64, vs ...T
 	}
 	// idle is only a true answer to act on for the producer (workQueue.idle): nothing else
 	// queues here, so the outbox cannot turn busy between this look and the hand-over.
-	n := notes[T]{ls: ls, vs: vs, costOf: cost}
+	n := notes[T]{ls: ls, vs: vs}
 	if o.idle() && n.handOver(o, 0, nil) {
 		return
 	}
 	// What the inline attempt handed over is not sent again: n's li and vi say where it stopped,
 	// and the copy resumes there.
-	left := new(notes[T]) // copied, so that the inline attempt allocates nothing
-	*left = n
-	o.queue(left)
+	left := n // copied, so that the inline attempt allocates nothing
+	for _, v := range vs {
+		left.total += cost(v) * int64(len(ls)) // each listener holds its own copy
+	}
+	o.queue(&left)
 }
 
 // inOrder runs f after what was queued, and returns its seq (0: ran at once, as the outbox was
@@ -232,8 +229,8 @@ func (o *outbox) closeInOrder(f func()) {
 type notes[T any] struct {
 	ls     []chan T
 	vs     []T
-	li, vi int // next: vs[vi] to ls[li]
-	costOf func(T) int64
+	li, vi int   // next: vs[vi] to ls[li]
+	total  int64 // what the values cost for every listener (cost), set as they are queued
 }
 
 // count is the values held; drop has nothing to run: dropped notifications are just lost.
@@ -266,13 +263,7 @@ func (n *notes[T]) blocked() any {
 }
 
 // cost is what the values cost for every listener: each listener holds its own copy.
-func (n *notes[T]) cost() int64 {
-	var c int64
-	for _, v := range n.vs {
-		c += n.costOf(v) * int64(len(n.ls))
-	}
-	return c
-}
+func (n *notes[T]) cost() int64 { return n.total }
 
 // handOver sends what is left, each value to each listener. With slice 0 (the inline attempt)
 // it waits for nothing, not even the lock: the producer must not wait for a listener. Else a

@@ -68,16 +68,6 @@ func putPublishBuf(pb *publishBuf) {
 	publishBufs.Put(pb)
 }
 
-// publishFast is upstream's PublishWithDeferredConfirm (same checks, same order), encoded as
-// above; with an Observer, its publish hooks run around it (observe_hooks.go).
-func (ch *Channel) publishFast(ctx context.Context, exchange, key string,
-	mandatory, immediate bool, msg *Publishing) (*DeferredConfirmation, error) {
-	if o := ch.connection.obsOf(); o != nil {
-		return ch.publishObserved(ctx, o, exchange, key, mandatory, immediate, msg)
-	}
-	return ch.publishFrames(exchange, key, mandatory, immediate, msg, nil)
-}
-
 // publishFrames encodes and writes the publish, noting its send time in clock if any. A
 // publish that was not written gives its confirmation tag back (unpublish), as upstream's
 // does: the broker numbers only the publishes it received, so the next tag must be this one.
@@ -288,10 +278,7 @@ func (pb *publishBuf) encodeBody(channel uint16, body []byte, size int) {
 	vecs := pb.vecs[:0]
 	from := 0 // start of b not yet in vecs
 	for i := 0; i < len(body); i += size {
-		j := len(body)
-		if size < j-i {
-			j = i + size
-		}
+		j := i + min(size, len(body)-i)
 		b = appendFrameStart(b, frameBody, channel)
 		binary.BigEndian.PutUint32(b[len(b)-4:], uint32(j-i))
 		if copyBody {
@@ -470,7 +457,9 @@ func (ch *Channel) publishCtx(ctx context.Context, exchange, key string,
 
 // publishDeferredCtx is the hook in PublishWithDeferredConfirmWithContext, after its ctx
 // check. Upstream mode publishes as upstream; with a read path a publish first waits at the
-// block gate (blockgate.go), where its ctx can end it, then takes the fast path.
+// block gate (blockgate.go), where its ctx can end it, then takes the fast path: upstream's
+// PublishWithDeferredConfirm (same checks, same order), encoded as the file comment says,
+// with an Observer's publish hooks around it (observe_hooks.go).
 func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string,
 	mandatory, immediate bool, msg Publishing) (*DeferredConfirmation, error) {
 	if ch.connection.rp == nil {
@@ -479,7 +468,10 @@ func (ch *Channel) publishDeferredCtx(ctx context.Context, exchange, key string,
 	if err := ch.connection.rp.base().blocks.wait(ctx); err != nil {
 		return nil, err
 	}
-	return ch.publishFast(ctx, exchange, key, mandatory, immediate, &msg)
+	if o := ch.connection.obsOf(); o != nil {
+		return ch.publishObserved(ctx, o, exchange, key, mandatory, immediate, &msg)
+	}
+	return ch.publishFrames(exchange, key, mandatory, immediate, &msg, nil)
 }
 
 // BatchPublishing is one message of a PublishBatch.

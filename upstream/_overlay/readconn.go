@@ -88,6 +88,7 @@ func (b *readBase) init(c *Connection, mode readMode, name string, obs *Observer
 	b.deliveries = deliveries
 	b.closeIntent = newCloseIntent()
 	b.obs = obs
+	b.clocks.m = map[uint16]*confirmClock{}
 	if obs != nil {
 		b.io.settled = obs.Settled
 	}
@@ -140,6 +141,7 @@ type readGen struct {
 	sent        atomic.Uint64 // bytes written by anyone: the heartbeat duty's "traffic"
 	opened      atomic.Bool   // the handshake is done (opened)
 	handshakeBy time.Time     // legacy: the handshake's bound, as upstream's dial sets it
+	done        chan struct{} // drainer: closed when its goroutine has returned; nil in legacy
 }
 
 // initGen readies g, a new generation for conn, for its first read step.
@@ -150,7 +152,7 @@ func (b *readBase) initGen(g *readGen, conn io.ReadWriteCloser) {
 	g.turn = newReadTurn()
 	g.read.split = newFrameSplitter(&b.c.maxFrameSize)
 	g.read.split.counts = &b.io
-	g.read.cr = &contentReader{}
+	g.read.cr = &contentReader{asms: map[uint16]*contentAsm{}}
 	g.read.nc, _ = conn.(net.Conn)
 	g.read.blocksThread = readsBlockThread(conn)
 }
@@ -174,7 +176,7 @@ func (g *readGen) clock() heartbeatClock {
 }
 
 // writer is the generation's socket writer, with guard (legacy's transport lock) or nil.
-func (b *readBase) writer(g *readGen, guard writeGuard) *socketWriter {
+func (b *readBase) writer(g *readGen, guard *transportGuard) *socketWriter {
 	vectors, _ := g.conn.(vectorWriter)
 	return &socketWriter{conn: g.conn, vectors: vectors, end: &g.genEnd, counts: &b.io, sent: &g.sent,
 		guard: guard}
@@ -243,15 +245,9 @@ type socketWriter struct {
 	conn    io.Writer
 	vectors vectorWriter // conn's own writev, if it has one; found once, not per publish
 	end     *genEnd
-	counts  *ioCounters    // the connection's, for Stats
-	sent    *atomic.Uint64 // the generation's bytes written, for the heartbeat duty
-	guard   writeGuard     // if not nil, held around each write: legacy's transport lock
-}
-
-// writeGuard is held around every write of a socketWriter that has one.
-type writeGuard interface {
-	lock()
-	unlock()
+	counts  *ioCounters     // the connection's, for Stats
+	sent    *atomic.Uint64  // the generation's bytes written, for the heartbeat duty
+	guard   *transportGuard // if not nil, held around each write: legacy's transport lock
 }
 
 func (w *socketWriter) Write(p []byte) (int, error) {

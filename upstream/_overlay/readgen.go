@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -26,7 +26,7 @@ type readMode interface {
 	fill(g *readGen, deadline time.Time, ctx context.Context) (int, error)
 	// handOn takes a routed channel frame's step: queued for the channel's dispatcher
 	// (drainer), or dispatched inline as upstream's reader does (legacy).
-	handOn(g *readGen, step chanStep)
+	handOn(step chanStep)
 	// route0 takes a channel-0 frame; stop ends reading, with err (nil: connection.close).
 	route0(g *readGen, f frame) (stop bool, err *Error)
 	// flush runs in shutdown, once the socket is closed: what was read reaches listeners.
@@ -40,41 +40,14 @@ type readMode interface {
 	stats(s *Stats, now time.Time)
 }
 
-// genSlot holds a read mode's current generation, of type G.
-type genSlot[G any, P interface {
-	*G
-	shared() *readGen
-}] struct {
-	mu  sync.Mutex
-	gen P
-}
+// genSlot holds a read mode's current generation.
+type genSlot struct{ gen atomic.Pointer[readGen] }
 
-// current is the current generation, nil before the first.
-func (s *genSlot[G, P]) current() P {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.gen
-}
+// generation is the current generation, nil before the first (readMode.generation).
+func (s *genSlot) generation() *readGen { return s.gen.Load() }
 
 // replace makes g current and returns the generation it replaces.
-func (s *genSlot[G, P]) replace(g P) (prev P) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	prev = s.gen
-	s.gen = g
-	return prev
-}
-
-// generation is readMode.generation.
-func (s *genSlot[G, P]) generation() *readGen {
-	if g := s.current(); g != nil {
-		return g.shared()
-	}
-	return nil
-}
-
-// shared is the part of a mode's generation that readBase runs.
-func (g *readGen) shared() *readGen { return g }
+func (s *genSlot) replace(g *readGen) (prev *readGen) { return s.gen.Swap(g) }
 
 // heartbeater takes over upstream's heartbeater goroutine: the read step sends heartbeats
 // (readstep.go), timed by read deadlines, so it needs a net.Conn. Legacy never runs

@@ -36,6 +36,7 @@ type connOverlay struct {
 	rp         readPath      // alternative read path, nil for upstream's reader
 	dispatched activity      // wakes DrainEvents in upstream mode
 	recovery   recoveryState // refused settlements, the secret kept for redials (recoverytags.go)
+	refresh    refresher     // the refresh of expiring credentials (refresh.go)
 }
 
 // readPath is one Connection's read path, called from the seam's hooks.
@@ -101,18 +102,22 @@ func (c *Connection) startHeartbeater(interval time.Duration, done chan struct{}
 	go c.heartbeater(interval, done)
 }
 
-// rpOpened, rpClosing and rpShutdown hook openComplete, beginClose and shutdown; no-ops upstream.
+// rpOpened, rpClosing and rpShutdown hook openComplete, beginClose and shutdown; upstream
+// they only start and stop the refresh of expiring credentials, which needs an opt-in there.
 func (c *Connection) rpOpened() {
+	c.refreshOpened()
 	if c.rp != nil {
 		c.rp.opened()
 	}
 }
 func (c *Connection) rpClosing() {
+	c.refresh.stop()
 	if c.rp != nil {
 		c.rp.closing()
 	}
 }
 func (c *Connection) rpShutdown(err *Error) {
+	c.refresh.stop()
 	if c.rp != nil {
 		c.rp.shutdown(err)
 	}

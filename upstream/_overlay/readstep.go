@@ -4,6 +4,7 @@ package amqp091
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -157,9 +158,7 @@ func (rs *readState) deadline(hb heartbeatClock, lim stepLimits) time.Time {
 		}
 		deadline = hb.readDeadline(rs.lastRecv, rs.dutyAt)
 	}
-	if !lim.until.IsZero() && (deadline.IsZero() || lim.until.Before(deadline)) {
-		deadline = lim.until
-	}
+	deadline = earliest(deadline, lim.until)
 	if lim.quiet > 0 {
 		deadline = rs.quietCap(deadline, lim.quiet)
 	}
@@ -175,10 +174,32 @@ func (rs *readState) quietCap(deadline time.Time, quiet time.Duration) time.Time
 	if keep && (deadline.IsZero() || !rs.rdl.After(deadline)) {
 		return rs.rdl
 	}
-	if capAt := now.Add(quiet); deadline.IsZero() || capAt.Before(deadline) {
-		return capAt
+	return earliest(deadline, now.Add(quiet))
+}
+
+// earliest is the earlier of two deadlines, where zero is none.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
 	}
-	return deadline
+	return a
+}
+
+// minOf is the builtin min for any ordered type, which upstream's min (of ints) shadows in
+// this package.
+func minOf[T cmp.Ordered](a, b T) T {
+	if b < a {
+		return b
+	}
+	return a
+}
+
+// maxOf is the builtin max for any ordered type, as minOf.
+func maxOf[T cmp.Ordered](a, b T) T {
+	if b > a {
+		return b
+	}
+	return a
 }
 
 // setReadDeadline sets the socket's read deadline unless it is already set. A new deadline
@@ -220,11 +241,8 @@ func (h heartbeatClock) window() time.Duration { return h.interval + h.interval/
 
 // readDeadline is the broker's death or the next duty, whichever is first.
 func (h heartbeatClock) readDeadline(lastRecv, dutyAt time.Time) time.Time {
-	deadline := lastRecv.Add(deadAfter * h.interval) // the broker's death
-	if latest := dutyAt.Add(h.window()); latest.Before(deadline) {
-		return latest
-	}
-	return deadline
+	death := lastRecv.Add(deadAfter * h.interval)
+	return earliest(death, dutyAt.Add(h.window()))
 }
 
 // dutyDue reports whether the duty last done at dutyAt is owed at now.
@@ -296,7 +314,9 @@ func (b *readBase) routeFrames(g *readGen) (routed int, stop bool, err *Error) {
 	}
 }
 
-// routeFrame routes one complete frame; stop ends reading, with err.
+// routeFrame routes one complete frame; stop ends reading, with err. The frame is counted
+// before the mode routes it: a DrainEvents caller it wakes must not take it for progress
+// made after it began.
 func (b *readBase) routeFrame(g *readGen, raw []byte) (stop bool, err *Error) {
 	rs := &g.read
 	id := binary.BigEndian.Uint16(raw[1:3])
@@ -305,6 +325,7 @@ func (b *readBase) routeFrame(g *readGen, raw []byte) (stop bool, err *Error) {
 		if perr != nil {
 			return true, &Error{Code: FrameError, Reason: fmt.Sprintf("malformed frame: %v", perr)}
 		}
+		g.activity.frames.Add(1)
 		return b.mode.route0(g, f)
 	}
 	step, err := rs.cr.channelFrame(b.c, rs.split, id, raw)
@@ -314,7 +335,8 @@ func (b *readBase) routeFrame(g *readGen, raw []byte) (stop bool, err *Error) {
 	if b.obs != nil {
 		b.observeStep(step)
 	}
-	b.mode.handOn(g, step)
+	g.activity.frames.Add(1)
+	b.mode.handOn(step)
 	return false, nil
 }
 

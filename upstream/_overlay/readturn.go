@@ -239,11 +239,9 @@ func (b *readBase) holdTurn(g *readGen, before func() (stop bool, err *Error)) *
 		if !t.wanted.Load() || g.read.nc == nil || !t.wanted.Swap(false) {
 			continue // lending needs read deadlines: a lessee's quiet cap is one
 		}
-		held, stop, err := t.lend(g.dead)
-		if !held {
-			return nil // the generation ended while the turn was lent
-		}
-		if stop {
+		// stop: a lessee's read ended the generation, with err, or it ended while the turn
+		// was lent (not held again, err nil).
+		if _, stop, err := t.lend(g.dead); stop {
 			return err
 		}
 	}

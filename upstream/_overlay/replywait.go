@@ -196,7 +196,7 @@ func (b *readBase) chanErr(g *readGen, e *Error, ok bool) error {
 // without one (plain legacy) the caller takes the turn and reads.
 //
 // With a holder, "a frame routed after the call began" is a count, taken before the wait:
-// route0 and handOn count a frame before they route it, and the holder wakes waiters
+// routeFrame counts a frame before the mode routes it, and the holder wakes waiters
 // after the step, so a frame counted before the load is never taken for a new one.
 func (b *readBase) drainEvents(ctx context.Context) error {
 	g := b.mode.generation()

@@ -2,6 +2,8 @@
 
 package amqp091
 
+import "slices"
+
 // runQueue is the slice behind a queue whose taker runs, or is awake, only while items wait: a
 // workQueue's goroutine, or a consumer inbox's taker (inbox.go). The owner's lock guards it.
 //
@@ -24,12 +26,8 @@ func (q *runQueue[T]) put(v T) (start bool) {
 	if len(q.items) == cap(q.items) && q.head >= len(q.items)/2 {
 		// Slide down rather than grow: a queue that never empties must not keep all it ever
 		// held. Half the slice is free (head ≥ len/2), so the copy is paid for by the puts.
-		n := copy(q.items, q.items[q.head:])
-		var zero T
-		for i := n; i < len(q.items); i++ {
-			q.items[i] = zero // upstream's go.mod predates clear
-		}
-		q.items = q.items[:n]
+		// Delete zeroes the slots it frees, so the slice holds no pointer to a done item.
+		q.items = slices.Delete(q.items, 0, q.head)
 		q.head = 0
 	}
 	q.items = append(q.items, v)

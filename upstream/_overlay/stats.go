@@ -30,6 +30,18 @@ type Stats struct {
 	// StaleSettlements and UnknownTagSettlements count the Acks, Nacks and Rejects refused
 	// unsent with ErrStaleDelivery or ErrUnknownDeliveryTag (read modes, SafeRecovery).
 	StaleSettlements, UnknownTagSettlements uint64
+	// Credentials is the refresh of expiring credentials (ExpiringAuth), in every mode:
+	// Expires always, the counters where the connection refreshes (upstream: SafeRecovery).
+	Credentials CredentialStats
+}
+
+// CredentialStats is the credentials part of Stats (refresh.go).
+type CredentialStats struct {
+	// Refreshes counts the new secrets installed with update-secret, Failures the refreshes
+	// that failed: the provider's answer, or update-secret.
+	Refreshes, Failures uint64
+	Expires             time.Time // when the login's or the last refresh's secret expires; zero: none
+
 }
 
 // BudgetStats is the budget part of Stats: the bytes read that wait for a listener or
@@ -82,7 +94,7 @@ type ConsumerStats struct {
 func (c *Connection) Stats() Stats {
 	now := time.Now()
 	s := Stats{Mode: c.ReadMode(), At: now, StaleSettlements: c.recovery.stale.Load(),
-		UnknownTagSettlements: c.recovery.unknown.Load()}
+		UnknownTagSettlements: c.recovery.unknown.Load(), Credentials: c.refresh.stats()}
 	// Upstream mode has no socket writer of ours: only the frames its reader signals
 	// (hook 9 of patch 0001) and the refused settlements are known.
 	if c.rp == nil {
@@ -126,12 +138,12 @@ func (d *drainConn) stats(s *Stats, now time.Time) {
 	}
 }
 
-// bufferSet holds the consumer buffers of one connection, for Stats. mu guards all: a
-// consumer's buffer is added as it starts and removed as it ends, while Stats reads.
+// bufferSet holds the consumer buffers of one connection, for Stats. all is a sync.Map, safe
+// for concurrent use: a consumer's buffer is added as it starts and removed as it ends, while
+// Stats reads.
 type bufferSet struct {
 	watch *watcher // set before any consumer starts; nil without warnings
-	mu    sync.Mutex
-	all   map[*bufferStat]struct{}
+	all   sync.Map // of *bufferStat keys
 }
 
 // bufferStat is what one consumer's inbox holds: the inbox writes it under its own lock,
@@ -147,21 +159,12 @@ type bufferStat struct {
 // add registers the buffer of the consumer tag on channel, as its inbox is made.
 func (s *bufferSet) add(channel uint16, tag string) *bufferStat {
 	st := &bufferStat{channel: channel, tag: tag}
-	s.mu.Lock()
-	if s.all == nil {
-		s.all = map[*bufferStat]struct{}{}
-	}
-	s.all[st] = struct{}{}
-	s.mu.Unlock()
+	s.all.Store(st, nil)
 	return st
 }
 
 // remove forgets a buffer whose consumer ended.
-func (s *bufferSet) remove(st *bufferStat) {
-	s.mu.Lock()
-	delete(s.all, st)
-	s.mu.Unlock()
-}
+func (s *bufferSet) remove(st *bufferStat) { s.all.Delete(st) }
 
 // moved counts n deliveries more (n < 0: taken) and their cost; oldest is the oldest
 // waiting delivery's arrival (monoNow), 0 when none waits. The inbox calls it under its own
@@ -175,19 +178,21 @@ func (st *bufferStat) moved(n, cost, oldest int64) {
 // fill appends an entry for every buffer that holds deliveries: an idle consumer is not
 // listed, so the snapshot's size follows what is waiting, not how many consumers there are.
 func (s *bufferSet) fill(out []ConsumerStats, now int64) []ConsumerStats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for st := range s.all {
-		n := st.queued.Load()
-		if n <= 0 {
-			continue
+	s.all.Range(func(st, _ any) bool {
+		if cs := st.(*bufferStat).stats(now); cs.Queued > 0 {
+			out = append(out, cs)
 		}
-		cs := ConsumerStats{Channel: st.channel, ConsumerTag: st.tag, Queued: int(n),
-			QueuedBytes: st.bytes.Load()}
-		if at := st.oldest.Load(); at != 0 && now > at {
-			cs.OldestAge = time.Duration(now - at)
-		}
-		out = append(out, cs)
-	}
+		return true
+	})
 	return out
+}
+
+// stats is what st holds at now (monoNow); OldestAge is 0 when no delivery waits.
+func (st *bufferStat) stats(now int64) ConsumerStats {
+	cs := ConsumerStats{Channel: st.channel, ConsumerTag: st.tag, Queued: int(st.queued.Load()),
+		QueuedBytes: st.bytes.Load()}
+	if at := st.oldest.Load(); at != 0 && now > at {
+		cs.OldestAge = time.Duration(now - at)
+	}
+	return cs
 }

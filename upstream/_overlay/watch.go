@@ -110,28 +110,25 @@ func (w *watcher) allow(k warnKey) bool {
 	return true
 }
 
-// warnOutbox logs a warning about what o holds for kind, the oldest aged age. Its callers
-// hold no lock (h was taken under o.mu, then the lock let go): the Logger is user code, which
-// may block or call back into the connection.
-func (w *watcher) warnOutbox(
-	msg string, kind ListenerKind, o *outbox, h outboxHead, age time.Duration,
-) {
+// warnOutbox logs a warning about what an outbox holds, h, for h.Kind, the oldest aged
+// h.OldestAge. Its callers hold no lock (h was taken under o.mu, then the lock let go): the
+// Logger is user code, which may block or call back into the connection.
+func (w *watcher) warnOutbox(msg string, h ListenerStats) {
 	w.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
-		slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
-		slog.Int("queued", h.items), slog.Int64("queued_bytes", h.bytes),
-		slog.Duration("oldest", age), slog.Int64("budget", w.budget.high))
+		slog.String("listener", string(h.Kind)), slog.Int("channel", int(h.Channel)),
+		slog.Int("queued", h.Queued), slog.Int64("queued_bytes", h.QueuedBytes),
+		slog.Duration("oldest", h.OldestAge), slog.Int64("budget", w.budget.high))
 }
 
 // queued runs after an outbox queued an item: the depth warning. The stall warning waits for
 // waiting, since a just-queued item has not waited yet.
-func (w *watcher) queued(o *outbox, h outboxHead) {
-	// h.bytes is what the whole outbox holds, but the warning names the head item's kind: items
-	// are handed over in frame order, so all behind the head wait for its listener, the likeliest
-	// cause. An action at the head (kind "") names no listener, and is not warned about.
-	if w.depth > 0 && h.bytes >= w.depth && h.kind != "" &&
-		w.allow(warnKey{what: "depth", kind: h.kind, channel: o.channel}) {
-		msg := "amqp: a listener holds a large share of the read budget"
-		w.warnOutbox(msg, h.kind, o, h, h.age)
+func (w *watcher) queued(o *outbox, h ListenerStats) {
+	// h.QueuedBytes is what the whole outbox holds, but the warning names the head item's kind:
+	// items are handed over in frame order, so all behind the head wait for its listener, the
+	// likeliest cause. An action at the head (kind "") names no listener, and is not warned about.
+	if w.depth > 0 && h.QueuedBytes >= w.depth && h.Kind != "" &&
+		w.allow(warnKey{what: "depth", kind: h.Kind, channel: o.channel}) {
+		w.warnOutbox("amqp: a listener holds a large share of the read budget", h)
 	}
 }
 
@@ -144,29 +141,24 @@ func (w *watcher) queued(o *outbox, h outboxHead) {
 // The figures come from bufferStat's atomics, without inbox.mu: a warning may be one delivery
 // late, which does not matter for a warning.
 func (w *watcher) consumerQueued(st *bufferStat) {
-	bytes := st.bytes.Load()
-	// The oldest queued delivery's age; 0 once the inbox was emptied.
-	var age time.Duration
-	if at := st.oldest.Load(); at != 0 {
-		age = time.Duration(monoNow() - at)
-	}
+	cs := st.stats(monoNow()) // OldestAge is 0 once the inbox was emptied
 	// One warning a delivery at most, depth first: a deep inbox is what threatens the budget.
 	var what, msg string
 	switch {
-	case w.depth > 0 && bytes >= w.depth:
+	case w.depth > 0 && cs.QueuedBytes >= w.depth:
 		what, msg = "depth", "amqp: a consumer's buffer holds a large share of the read budget"
-	case w.stallAge > 0 && age >= w.stallAge:
+	case w.stallAge > 0 && cs.OldestAge >= w.stallAge:
 		what, msg = "stall", "amqp: a consumer has not received its deliveries"
 	default:
 		return
 	}
-	if !w.allow(warnKey{what: what, kind: KindConsumer, channel: st.channel, tag: st.tag}) {
+	if !w.allow(warnKey{what: what, kind: KindConsumer, channel: cs.Channel, tag: cs.ConsumerTag}) {
 		return
 	}
 	w.log.LogAttrs(context.Background(), slog.LevelWarn, msg,
-		slog.String("listener", string(KindConsumer)), slog.Int("channel", int(st.channel)),
-		slog.String("consumer_tag", st.tag), slog.Int64("queued", st.queued.Load()),
-		slog.Int64("queued_bytes", bytes), slog.Duration("oldest", age),
+		slog.String("listener", string(KindConsumer)), slog.Int("channel", int(cs.Channel)),
+		slog.String("consumer_tag", cs.ConsumerTag), slog.Int("queued", cs.Queued),
+		slog.Int64("queued_bytes", cs.QueuedBytes), slog.Duration("oldest", cs.OldestAge),
 		slog.Int64("budget", w.budget.high))
 }
 
@@ -180,7 +172,7 @@ func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	kind := it.kind()
 	if w.stallAge > 0 && age >= w.stallAge && kind != "" &&
 		w.allow(warnKey{what: "stall", kind: kind, channel: o.channel}) {
-		w.warnOutbox("amqp: a listener has not read its notifications", kind, o, o.holds(), age)
+		w.warnOutbox("amqp: a listener has not read its notifications", o.holds(kind, age))
 	}
 	// forget is nil for the connection's outbox: its NotifyBlocked listeners are never dropped.
 	if w.dropAfter <= 0 || age < w.dropAfter || o.forget == nil {
@@ -195,46 +187,35 @@ func (w *watcher) waiting(o *outbox, it outItem, at int64) {
 	// From here the hand-over skips that listener (o.dropped) and goes on with the others on its
 	// next slice; what was queued for it in later items is skipped too.
 	w.dropped.Add(1)
-	h := o.holds()
+	h := o.holds(kind, age)
 	msg := "amqp: dropped a stalled listener: its chan is closed and what was queued for it" +
 		" is dropped"
 	w.log.LogAttrs(context.Background(), slog.LevelError, msg,
 		slog.String("listener", string(kind)), slog.Int("channel", int(o.channel)),
 		slog.Duration("waited", age), slog.Duration("limit", w.dropAfter))
 	if w.obs != nil && w.obs.ListenerDropped != nil {
-		w.obs.ListenerDropped(ListenerStats{
-			Kind:        kind,
-			Channel:     o.channel,
-			Queued:      h.items,
-			QueuedBytes: h.bytes,
-			OldestAge:   age,
-		})
+		w.obs.ListenerDropped(h)
 	}
 }
 
-// outboxHead is what an outbox holds, for the warnings: taken under the outbox's mu, then
-// logged with no lock held.
-type outboxHead struct {
-	kind  ListenerKind // of the head item
-	items int          // notifications waiting, of every kind
-	bytes int64
-	age   time.Duration // of the head item
-}
-
-// holds describes what o holds now.
-func (o *outbox) holds() outboxHead {
+// holds describes what o holds now, for the warnings about an item of kind that waited age:
+// Queued counts the notifications waiting, of every kind, and QueuedBytes their cost. It is
+// taken under o.mu, then logged with no lock held.
+func (o *outbox) holds(kind ListenerKind, age time.Duration) ListenerStats {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	return o.headLocked(monoNow())
+	return ListenerStats{Kind: kind, Channel: o.channel, Queued: o.notes, QueuedBytes: o.bytes,
+		OldestAge: age}
 }
 
-// headLocked is holds at now, with o.mu held. queue passes its put's own clock reading, for
-// the depth warning, rather than read the clock a second time.
-func (o *outbox) headLocked(now int64) outboxHead {
-	h := outboxHead{items: o.notes, bytes: o.bytes}
+// headLocked is what o holds at now, with o.mu held, named for its head item: that item's
+// kind and age. queue passes its put's own clock reading, for the depth warning, rather than
+// read the clock a second time.
+func (o *outbox) headLocked(now int64) ListenerStats {
+	h := ListenerStats{Channel: o.channel, Queued: o.notes, QueuedBytes: o.bytes}
 	if waiting := o.items.queued(); len(waiting) > 0 {
-		h.kind = waiting[0].it.kind()
-		h.age = time.Duration(now - waiting[0].at)
+		h.Kind = waiting[0].it.kind()
+		h.OldestAge = time.Duration(now - waiting[0].at)
 	}
 	return h
 }
@@ -330,21 +311,20 @@ func (d *drainConn) biggestHolder() ListenerStats {
 	// no lock held (pause), so the walk's locks (drainConn.mu, each outbox's mu) are free.
 	var s Stats
 	d.stats(&s, time.Now())
+	// The consumers join the listeners after them, so that a tie goes to the listener.
+	for _, c := range s.Consumers {
+		s.Listeners = append(s.Listeners, ListenerStats{
+			Kind:        KindConsumer,
+			Channel:     c.Channel,
+			Queued:      c.Queued,
+			QueuedBytes: c.QueuedBytes,
+			OldestAge:   c.OldestAge,
+		})
+	}
 	var best ListenerStats
 	for _, l := range s.Listeners {
 		if l.QueuedBytes > best.QueuedBytes {
 			best = l
-		}
-	}
-	for _, c := range s.Consumers {
-		if c.QueuedBytes > best.QueuedBytes {
-			best = ListenerStats{
-				Kind:        KindConsumer,
-				Channel:     c.Channel,
-				Queued:      c.Queued,
-				QueuedBytes: c.QueuedBytes,
-				OldestAge:   c.OldestAge,
-			}
 		}
 	}
 	return best
@@ -359,8 +339,8 @@ func (d *drainConn) pauseBegan() {
 		return // nobody to tell: spare the Stats walk
 	}
 	holder := d.biggestHolder()
-	info := BudgetInfo{Limit: d.budget.high, Used: d.budget.usedNow(), Holder: holder}
 	d.pausedFor = holder
+	info := d.budgetInfo(0)
 	if d.watch != nil {
 		msg := "amqp: read budget full: the drainer stopped reading the socket until" +
 			" listeners and consumers take what waits"
@@ -382,12 +362,7 @@ func (d *drainConn) pauseBegan() {
 // returned early, but then nobody is told here either: watch and obs are fixed at attach.
 func (d *drainConn) pauseEnded() {
 	took := d.budget.pauseEnded(time.Now())
-	info := BudgetInfo{
-		Limit:  d.budget.high,
-		Used:   d.budget.usedNow(),
-		Paused: took,
-		Holder: d.pausedFor,
-	}
+	info := d.budgetInfo(took)
 	if d.watch != nil {
 		d.watch.log.LogAttrs(context.Background(), slog.LevelWarn,
 			"amqp: the drainer reads the socket again",
@@ -397,4 +372,11 @@ func (d *drainConn) pauseEnded() {
 	if d.obs != nil && d.obs.BudgetResumed != nil {
 		d.obs.BudgetResumed(info)
 	}
+}
+
+// budgetInfo is what a pause's warning and the Observer hear: the budget, its use now, and
+// the pause's cause (pausedFor) and length (paused, once it ended).
+func (d *drainConn) budgetInfo(paused time.Duration) BudgetInfo {
+	return BudgetInfo{Limit: d.budget.high, Used: d.budget.usedNow(), Paused: paused,
+		Holder: d.pausedFor}
 }

@@ -58,9 +58,7 @@ type workHandler[T any] interface {
 // goroutine runs or is parked: the caller starts one (go q.loop) once it let go of mu.
 func (q *workQueue[T]) putLocked(v T, cost int64) (start bool) {
 	q.budget.charge(cost)
-	if q.work != nil {
-		q.work.add(1)
-	}
+	q.work.add(1)
 	start = q.items.put(v)
 	if start && q.parked {
 		q.wakeLocked()
@@ -94,9 +92,7 @@ func (q *workQueue[T]) loop(h workHandler[T]) {
 		cost := h.doneItem(v)
 		q.mu.Unlock()
 		q.budget.release(cost)
-		if q.work != nil {
-			q.work.add(-1)
-		}
+		q.work.add(-1)
 	}
 }
 
@@ -240,9 +236,10 @@ type workCount struct {
 	wakeup
 }
 
-// add counts delta more items, waking the waiters when none is left.
+// add counts delta more items, waking the waiters when none is left; a nil w counts nothing
+// (a workQueue without a count).
 func (w *workCount) add(delta int64) {
-	if w.n.Add(delta) == 0 {
+	if w != nil && w.n.Add(delta) == 0 {
 		w.wake()
 	}
 }
