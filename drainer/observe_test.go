@@ -121,9 +121,16 @@ publish:
 	if da["listener"].String() != "NotifyPublish" || da["channel"].Int64() != 1 {
 		t.Fatalf("depth warning names %v on channel %v, want NotifyPublish on 1", da["listener"], da["channel"])
 	}
+	// Each confirm charges the budget twice, a frame for the unread NotifyPublish listener
+	// and a frame for the DeferredConfirmation settled behind it, so at the pause the two
+	// hold almost the same; a confirm still held for its order (the sequencer) tips it to
+	// the settlements. Both are the stalled listener's doing (CI, 2026-12-07: named
+	// DeferredConfirmation once, with 68,977 publishes on a loaded machine).
 	pa := attrs(pause)
-	if pa["holder"].String() != "NotifyPublish" || pa["holder_channel"].Int64() != 1 {
-		t.Fatalf("pause names %v on channel %v, want NotifyPublish on 1", pa["holder"], pa["holder_channel"])
+	if h := pa["holder"].String(); (h != "NotifyPublish" && h != "DeferredConfirmation") ||
+		pa["holder_channel"].Int64() != 1 {
+		t.Fatalf("pause names %v on channel %v, want NotifyPublish (or the settlements behind it) on 1",
+			pa["holder"], pa["holder_channel"])
 	}
 
 	s := conn.Stats()
