@@ -17,6 +17,12 @@ import (
 // timer's arithmetic, and its schedule on synctest's fake clock, against
 // upstream's scripted server over a pipe (client_test.go). The broker-facing
 // tests, against RabbitMQ's OAuth 2 backend, are reliability/oauth2's.
+//
+// Every time.Sleep here runs in a synctest bubble: it moves the fake clock to
+// the instant the scenario is about (the 8 s of a 10 s token's refresh, the
+// next retry), and returns only once every other goroutine of the bubble is
+// blocked. It is the schedule under test, never a wait for something to
+// happen; synctest.Wait and the scripted server's chan do the synchronising.
 
 func TestRefreshDelay(t *testing.T) {
 	for _, tc := range []struct{ lifetime, want time.Duration }{
